@@ -1,0 +1,48 @@
+# The whole set-up is `make serve` and `make test`; everything else is a step of theirs.
+PY ?= python3
+VENV := .venv
+BOOT := .venv-boot
+UV := $(BOOT)/bin/uv
+UV_VERSION := 0.13.8
+STAMP := $(VENV)/.corral-installed
+export UV_PYTHON_DOWNLOADS := never
+
+.PHONY: serve test check lint typecheck pytest bench lock clean
+
+serve: $(STAMP)
+	$(VENV)/bin/corral serve
+
+test: $(STAMP) check pytest
+
+check: lint typecheck
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy src
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m bench
+
+# Re-pin every dependency (run by hand when pyproject.toml changes, then commit the lock).
+lock: $(UV)
+	$(UV) pip compile pyproject.toml --group dev --generate-hashes --universal \
+		--python-version 3.11 --quiet -o requirements.lock
+
+$(UV):
+	$(PY) -m venv $(BOOT)
+	$(BOOT)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): requirements.lock pyproject.toml | $(UV)
+	test -x $(VENV)/bin/python || $(UV) venv --quiet --python $(PY) $(VENV)
+	$(UV) pip sync --quiet --python $(VENV)/bin/python --require-hashes requirements.lock
+	$(UV) pip install --quiet --python $(VENV)/bin/python --no-deps --no-build-isolation -e .
+	touch $@
+
+clean:
+	rm -rf $(VENV) $(BOOT) .pytest_cache .mypy_cache .ruff_cache

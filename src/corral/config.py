@@ -1,0 +1,89 @@
+"""Settings: where corral keeps its state and how far a session may go.
+
+Defaults are embedded, so `corral serve` needs no file. Each can be overridden by an
+environment variable (`CORRAL_<NAME>`), which the CLI and tests use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import platformdirs
+
+from corral.errors import InvalidInput
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable about a corral server. Units are in the names."""
+
+    state_dir: Path
+    run_root: Path
+    bwrap: str | None = None
+    max_sessions: int = 16
+    idle_timeout_s: float = 3600.0
+    exec_timeout_s: float = 300.0
+    interrupt_grace_s: float = 5.0
+    kernel_start_timeout_s: float = 60.0
+    max_output_bytes: int = 1_000_000
+    tmp_size_bytes: int = 512 * MIB
+    home_size_bytes: int = 128 * MIB
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "corral.db"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Defaults, overridden by `CORRAL_*` variables. Raises `InvalidInput` on a bad value."""
+        env = os.environ if env is None else env
+        settings = cls(state_dir=_default_state_dir(env), run_root=_default_run_root(env))
+        overrides: dict[str, object] = {}
+        for spec in fields(cls):
+            raw = env.get(f"CORRAL_{spec.name.upper()}")
+            if raw is None or spec.name in ("state_dir", "run_root"):
+                continue
+            overrides[spec.name] = _parse(spec.name, raw, getattr(settings, spec.name))
+        return replace(settings, **overrides)  # type: ignore[arg-type]
+
+
+def _parse(name: str, raw: str, default: object) -> object:
+    try:
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes")
+        if isinstance(default, int):
+            value: float = int(raw)
+        elif isinstance(default, float):
+            value = float(raw)
+        else:
+            return raw or None
+    except ValueError as exc:
+        raise InvalidInput(f"CORRAL_{name.upper()}={raw!r} is not a number") from exc
+    if value <= 0:
+        raise InvalidInput(f"CORRAL_{name.upper()} must be positive, not {raw!r}")
+    return value
+
+
+def _default_state_dir(env: Mapping[str, str]) -> Path:
+    if env.get("CORRAL_STATE_DIR"):
+        return Path(env["CORRAL_STATE_DIR"]).absolute()
+    return Path(platformdirs.user_state_dir("corral", appauthor=False))
+
+
+def _default_run_root(env: Mapping[str, str]) -> Path:
+    """A short directory for kernel sockets: unix socket paths must stay under 108 bytes."""
+    if env.get("CORRAL_RUN_ROOT"):
+        return Path(env["CORRAL_RUN_ROOT"]).absolute()
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "corral"
+    return Path(f"/tmp/corral-{os.getuid()}")

@@ -1,0 +1,160 @@
+"""`corral doctor`: can this host run sandboxes, and how well?
+
+Each check returns a `Check` with what was found and, on failure, the fix. Checks run real
+sandboxes: a probe that only reads sysctls would miss AppArmor or a seccomp-less kernel.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.config import Settings
+from corral.errors import SandboxUnavailable
+from corral.sandbox.bwrap import bwrap_version, find_bwrap
+from corral.sandbox.limits import detect_mechanism
+from corral.sandbox.policy import SandboxPolicy
+from corral.sandbox.process import run_sandboxed
+from corral.sandbox.profile import SessionPaths, default_policy, write_identity_files
+from corral.sandbox.runtime import create_session_env, current_runtime
+from corral.sandbox.seccomp import compiled_filter
+
+MIN_BWRAP = (0, 10, 0)
+APPARMOR_USERNS = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
+UNPRIV_USERNS = Path("/proc/sys/kernel/unprivileged_userns_clone")
+# Run inside the sandbox: each line is "name ok" or "name failed: why".
+_PROBE = """
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+print("python ok")
+r = libc.unshare(0x10000000)
+print("userns-blocked ok" if r != 0 else "userns-blocked failed: unshare(CLONE_NEWUSER) worked")
+names = [name for _, name in socket.if_nameindex()]
+print("network-blocked ok" if names == ["lo"] else f"network-blocked failed: interfaces {names}")
+import ipykernel, bash_kernel
+print("kernels ok")
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+def run_checks(settings: Settings) -> list[Check]:
+    """Every check, in order; a failed prerequisite skips what depends on it."""
+    checks: list[Check] = []
+    bwrap_check, bwrap = _check_bwrap(settings)
+    checks.append(bwrap_check)
+    checks.append(_check_seccomp())
+    if bwrap is not None:
+        userns = _check_userns(bwrap)
+        checks.append(userns)
+        if userns.ok and checks[1].ok:
+            checks.extend(_check_sandbox(bwrap, settings))
+    mechanism = detect_mechanism()
+    checks.append(Check("limits", True, f"{mechanism.name}: {mechanism.detail}", mechanism.advice))
+    return checks
+
+
+def _check_bwrap(settings: Settings) -> tuple[Check, str | None]:
+    try:
+        bwrap = find_bwrap(settings.bwrap)
+        version = bwrap_version(bwrap)
+    except (SandboxUnavailable, OSError, subprocess.SubprocessError) as exc:
+        return Check("bwrap", False, str(exc), "reinstall corral or set CORRAL_BWRAP"), None
+    shown = ".".join(map(str, version))
+    if version < MIN_BWRAP:
+        need = ".".join(map(str, MIN_BWRAP))
+        return Check("bwrap", False, f"{bwrap} is {shown}", f"bwrap {need} or newer is needed "
+                     "(--size, --disable-userns); unset CORRAL_BWRAP to use the bundled one"), None
+    return Check("bwrap", True, f"{bwrap} (version {shown})"), bwrap
+
+
+def _check_seccomp() -> Check:
+    try:
+        program = compiled_filter()
+    except SandboxUnavailable as exc:
+        return Check("seccomp", False, str(exc), "apt install libseccomp2")
+    return Check("seccomp", True, f"filter compiled ({len(program) // 8} BPF instructions)")
+
+
+def _check_userns(bwrap: str) -> Check:
+    probe = subprocess.run(
+        [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    if probe.returncode == 0:
+        return Check("user namespaces", True, "bwrap can create user and network namespaces")
+    return Check("user namespaces", False, probe.stderr.strip() or "bwrap failed", _userns_fix())
+
+
+def _userns_fix() -> str:
+    if _read_int(APPARMOR_USERNS) == 1:
+        return (
+            "Ubuntu's AppArmor forbids unprivileged user namespaces: allow them for bwrap with an "
+            "AppArmor profile (see /etc/apparmor.d/bwrap-userns-restrict on Ubuntu 24.04), or "
+            "run 'sudo sysctl kernel.apparmor_restrict_unprivileged_userns=0'"
+        )
+    if _read_int(MAX_USERNS) == 0:
+        return "user namespaces are disabled: run 'sudo sysctl user.max_user_namespaces=15000'"
+    if _read_int(UNPRIV_USERNS) == 0:
+        return "run 'sudo sysctl kernel.unprivileged_userns_clone=1'"
+    return "check that the kernel supports user namespaces and that no policy forbids them"
+
+
+def _check_sandbox(bwrap: str, settings: Settings) -> list[Check]:
+    with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
+        policy = _probe_policy(Path(tmp), settings)
+        try:
+            done = run_sandboxed(policy, ["python", "-c", _PROBE], bwrap=bwrap, timeout_s=60)
+        except subprocess.TimeoutExpired:
+            return [Check("sandbox", False, "the probe did not finish within 60 s")]
+    results = dict(_parse_probe(done.stdout))
+    if "python" not in results:
+        why = done.stderr.strip()[-500:] or f"exit code {done.returncode}"
+        return [Check("sandbox", False, f"python did not start in the sandbox: {why}")]
+    return [
+        Check("sandbox python", True, "the runtime starts inside the default profile"),
+        _probe_check(results, "userns-blocked", "no new user namespaces inside"),
+        _probe_check(results, "network-blocked", "no network but loopback inside"),
+        _probe_check(results, "kernels", "ipykernel and bash_kernel import inside"),
+    ]
+
+
+def _probe_policy(tmp: Path, settings: Settings) -> SandboxPolicy:
+    runtime = current_runtime()
+    paths = SessionPaths(workspace=tmp / "workspace", env=tmp / "env")
+    paths.workspace.mkdir()
+    create_session_env(paths.env, runtime)
+    write_identity_files(tmp / "etc")
+    return default_policy(runtime, paths, tmp / "etc", tmp_size_bytes=settings.tmp_size_bytes,
+                          home_size_bytes=settings.home_size_bytes)
+
+
+def _parse_probe(stdout: str) -> list[tuple[str, str]]:
+    pairs = []
+    for line in stdout.splitlines():
+        name, _, rest = line.partition(" ")
+        pairs.append((name, rest))
+    return pairs
+
+
+def _probe_check(results: dict[str, str], name: str, good: str) -> Check:
+    outcome = results.get(name)
+    if outcome == "ok":
+        return Check(name, True, good)
+    return Check(name, False, outcome or "the probe stopped before this check")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,79 @@
+"""Every error corral raises on purpose, one class per meaning.
+
+    CorralError
+    ├── InvalidInput            the caller sent something malformed (bad id, bad path, bad value)
+    ├── NotFound                a named thing does not exist
+    │   └── SessionNotFound
+    ├── Conflict                the request contradicts current state
+    │   └── SessionExists
+    ├── CapacityExceeded        a configured maximum was reached
+    │   └── TooManySessions
+    └── SandboxError            corral itself could not do its job (never the user's code)
+        ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
+        ├── KernelStartFailed   a kernel did not come up inside its sandbox
+        └── KernelUnreachable   a running kernel stopped answering before the code was sent
+
+Failures of the user's code (exceptions, timeouts, a kernel that dies while running it) are
+not errors: they are results (`corral.kernels.results.ExecutionResult`). The REST, MCP and CLI
+edges map these classes to their own forms; nothing else of jupyter_client, zmq or subprocess
+leaks past the service.
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Base of every error corral raises on purpose."""
+
+
+class InvalidInput(CorralError):
+    """The caller sent something malformed."""
+
+
+class NotFound(CorralError):
+    """A named thing does not exist."""
+
+
+class SessionNotFound(NotFound):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session named {session_id!r}")
+        self.session_id = session_id
+
+
+class Conflict(CorralError):
+    """The request contradicts the current state."""
+
+
+class SessionExists(Conflict):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"a session named {session_id!r} already exists")
+        self.session_id = session_id
+
+
+class CapacityExceeded(CorralError):
+    """A configured maximum was reached."""
+
+
+class TooManySessions(CapacityExceeded):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the maximum of {limit} running sessions is reached; stop one "
+            "(corral sessions stop ID) or raise CORRAL_MAX_SESSIONS"
+        )
+        self.limit = limit
+
+
+class SandboxError(CorralError):
+    """corral itself could not do its job."""
+
+
+class SandboxUnavailable(SandboxError):
+    """bwrap, user namespaces or seccomp are missing or refused on this host."""
+
+
+class KernelStartFailed(SandboxError):
+    """A kernel did not come up inside its sandbox."""
+
+
+class KernelUnreachable(SandboxError):
+    """A kernel stopped answering before the code was sent to it."""

@@ -1,0 +1,1 @@
+"""Kernels inside sandboxes: the provisioner seam, sessions, execution and its result model."""

@@ -1,0 +1,142 @@
+"""One kernel in one sandbox: start it, talk to it, interrupt it, stop it.
+
+`SandboxedKernel` owns a `SandboxedKernelManager`, its private run directory and a connected
+client. It raises `KernelStartFailed` when the kernel does not come up, with what bwrap or the
+kernel said on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import stat
+import time
+from pathlib import Path
+
+from jupyter_client.asynchronous import AsyncKernelClient
+
+from corral.errors import KernelStartFailed
+from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
+from corral.sandbox.policy import SandboxPolicy
+
+SOCKET_POLL_S = 0.005
+
+
+class SandboxedKernel:
+    """A python or bash kernel inside its sandbox, with a client connected over ipc."""
+
+    def __init__(self, language: str, policy: SandboxPolicy, *, bwrap: str, python: str,
+                 run_root: Path) -> None:
+        self.language = language
+        self.run_dir = make_run_dir(run_root)
+        self.manager = SandboxedKernelManager(
+            spec=kernel_spec(language, python),
+            policy=policy.with_run_dir(self.run_dir),
+            bwrap=bwrap,
+            run_dir=self.run_dir,
+        )
+        self.client: AsyncKernelClient | None = None
+        self.started_at = 0.0
+
+    async def start(self, timeout_s: float) -> None:
+        """Start the kernel and wait until it answers. Raises `KernelStartFailed`."""
+        self.started_at = time.monotonic()
+        try:
+            await self.manager.start_kernel()
+            await self._wait_for_sockets(timeout_s)
+            client = self.manager.client()
+            client.start_channels()
+            self.client = client
+            await client.wait_for_ready(timeout=max(1.0, self._remaining(timeout_s)))
+        except KernelStartFailed:
+            await self.stop()
+            raise
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            reason = self.stderr_tail() or str(exc)
+            await self.stop()
+            raise KernelStartFailed(f"the {self.language} kernel did not start: {reason}") from exc
+
+    async def _wait_for_sockets(self, timeout_s: float) -> None:
+        """Wait until the kernel has bound all five sockets, and check they are sockets.
+
+        The sandbox can write its run directory, so a path there could be a link placed to
+        make the server connect elsewhere: anything but a real socket stops the start.
+        """
+        paths = self.manager.socket_paths()
+        while True:
+            if not await self.is_alive():
+                raise KernelStartFailed(
+                    f"the {self.language} kernel exited during start: {self.stderr_tail()}"
+                )
+            modes = [_lstat_mode(path) for path in paths]
+            for path, mode in zip(paths, modes, strict=True):
+                if mode is not None and not stat.S_ISSOCK(mode):
+                    raise KernelStartFailed(f"{path.name} in the run directory is not a socket")
+            if all(mode is not None for mode in modes):
+                return
+            if self._remaining(timeout_s) <= 0:
+                raise KernelStartFailed(
+                    f"the {self.language} kernel did not open its sockets within {timeout_s} s: "
+                    f"{self.stderr_tail()}"
+                )
+            await asyncio.sleep(SOCKET_POLL_S)
+
+    def _remaining(self, timeout_s: float) -> float:
+        return timeout_s - (time.monotonic() - self.started_at)
+
+    async def is_alive(self) -> bool:
+        provisioner = self.manager.provisioner
+        if provisioner is None or not provisioner.has_process:
+            return False
+        return await provisioner.poll() is None
+
+    async def interrupt(self) -> None:
+        """Ask the kernel to interrupt the running code (an interrupt_request message)."""
+        if await self.is_alive():
+            await self.manager.interrupt_kernel()
+
+    async def stop(self) -> None:
+        """Kill the kernel and its sandbox at once, and remove the run directory."""
+        if self.client is not None:
+            self.client.stop_channels()
+            self.client = None
+        if self.manager.has_kernel:
+            await self.manager.shutdown_kernel(now=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def stderr_tail(self) -> str:
+        provisioner = self.manager.provisioner
+        if isinstance(provisioner, SandboxProvisioner):
+            return provisioner.stderr_tail()
+        return ""
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the outer bwrap process."""
+        provisioner = self.manager.provisioner
+        return getattr(provisioner, "pid", None)
+
+
+def make_run_dir(run_root: Path) -> Path:
+    """A new private directory for one kernel's sockets: short, random, mode 0700.
+
+    The root is created 0700 if missing, and refused when it is a link or not ours.
+    """
+    run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(run_root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise KernelStartFailed(f"run directory root {run_root} is not a directory of ours")
+    if info.st_mode & 0o077:
+        os.chmod(run_root, 0o700)
+    run_dir = run_root / secrets.token_hex(6)
+    run_dir.mkdir(mode=0o700)
+    return run_dir
+
+
+def _lstat_mode(path: Path) -> int | None:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,145 @@
+"""The jupyter_client seam: a provisioner that starts a kernel inside a bwrap sandbox.
+
+`SandboxedKernelManager` is an `AsyncKernelManager` that carries the sandbox policy and uses
+ipc transport in a private run directory; its kernel spec names the `corral-sandbox`
+provisioner (registered as an entry point), which wraps the kernel command with the bwrap
+argv and starts it with the seccomp filter on an inherited descriptor. The kernel reads a copy
+of the connection file whose socket paths are the sandbox's view of the same directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
+
+from corral.sandbox.bwrap import build_argv
+from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
+from corral.sandbox.seccomp import filter_fd
+
+PROVISIONER_NAME = "corral-sandbox"
+SOCKET_PREFIX = "k"
+HOST_CONNECTION_FILE = "kernel.json"
+SANDBOX_CONNECTION_FILE = "sandbox.json"
+
+KERNEL_MODULES = {"python": "ipykernel_launcher", "bash": "bash_kernel"}
+
+
+def kernel_spec(language: str, python: str, *, sandboxed: bool = True) -> KernelSpec:
+    """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed)."""
+    spec = KernelSpec(
+        argv=[python, "-m", KERNEL_MODULES[language], "-f", "{connection_file}"],
+        display_name=f"corral {language}",
+        language=language,
+        interrupt_mode="message",
+    )
+    if sandboxed:
+        spec.metadata = {"kernel_provisioner": {"provisioner_name": PROVISIONER_NAME}}
+    return spec
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager for one kernel in one sandbox, talking over ipc in `run_dir`."""
+
+    def __init__(
+        self,
+        *,
+        spec: KernelSpec,
+        policy: SandboxPolicy,
+        bwrap: str,
+        run_dir: Path,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(transport="ipc", **kwargs)
+        self._kernel_spec = spec
+        self.sandbox_policy = policy
+        self.bwrap_path = bwrap
+        self.run_dir = run_dir
+        self.ip = str(run_dir / SOCKET_PREFIX)
+        self.connection_file = str(run_dir / HOST_CONNECTION_FILE)
+        self.cache_ports = False
+
+    def socket_paths(self) -> list[Path]:
+        """The host paths of the kernel's five sockets (valid once ports are assigned)."""
+        ports = (self.shell_port, self.iopub_port, self.stdin_port, self.hb_port, self.control_port)
+        return [Path(f"{self.ip}-{port}") for port in ports]
+
+
+class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """Starts the kernel command inside the sandbox described by the manager's policy."""
+
+    stderr_log: IO[bytes] | None = None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        kwargs = await super().pre_launch(**kwargs)
+        manager = _sandboxed_manager(self.parent)
+        sandbox_file = _write_sandbox_connection_file(manager)
+        kwargs["cmd"] = [sandbox_file if arg == manager.connection_file else arg
+                         for arg in kwargs["cmd"]]
+        return kwargs
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        manager = _sandboxed_manager(self.parent)
+        seccomp_fd = filter_fd() if manager.sandbox_policy.seccomp else None
+        argv = build_argv(
+            manager.sandbox_policy, cmd, bwrap=manager.bwrap_path, seccomp_fd=seccomp_fd
+        )
+        self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")
+        try:
+            self.process = subprocess.Popen(
+                argv,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self.stderr_log,
+                env={},
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        self.pid = self.process.pid
+        self.pgid = self.process.pid
+        self.cwd = "/"
+        return self.connection_info
+
+    def stderr_tail(self, max_bytes: int = 4096) -> str:
+        """The last bytes bwrap or the kernel wrote to stderr, for error messages."""
+        if self.stderr_log is None:
+            return ""
+        self.stderr_log.seek(0, os.SEEK_END)
+        size = self.stderr_log.tell()
+        self.stderr_log.seek(max(0, size - max_bytes))
+        return self.stderr_log.read().decode("utf-8", "replace").strip()
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart)
+        if self.stderr_log is not None and not restart:
+            self.stderr_log.close()
+            self.stderr_log = None
+
+
+def _sandboxed_manager(parent: object) -> SandboxedKernelManager:
+    if not isinstance(parent, SandboxedKernelManager):
+        raise TypeError("the corral-sandbox provisioner needs a SandboxedKernelManager")
+    return parent
+
+
+def _write_sandbox_connection_file(manager: SandboxedKernelManager) -> str:
+    """Copy the connection file with socket paths as the sandbox sees the run directory."""
+    info = json.loads(Path(manager.connection_file).read_text())
+    info["ip"] = f"{SANDBOX_RUN_DIR}/{SOCKET_PREFIX}"
+    target = manager.run_dir / SANDBOX_CONNECTION_FILE
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(info, out)
+    return f"{SANDBOX_RUN_DIR}/{SANDBOX_CONNECTION_FILE}"

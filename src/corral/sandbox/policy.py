@@ -1,0 +1,72 @@
+"""`SandboxPolicy`: everything one sandbox may see and use, as frozen data.
+
+The policy is built by `corral.sandbox.profile` and turned into a bwrap command line by
+`corral.sandbox.bwrap.build_argv`; neither step touches the filesystem or starts anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+SANDBOX_USER = "sandbox"
+SANDBOX_HOME = "/home/sandbox"
+WORKSPACE = "/workspace"
+SANDBOX_RUN_DIR = "/run/corral"
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path shown at `dest` inside the sandbox, read-only unless `writable`."""
+
+    source: Path
+    dest: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class Tmpfs:
+    """A fresh in-memory filesystem at `dest`, at most `size_bytes` large."""
+
+    dest: str
+    size_bytes: int
+    mode: int = 0o755
+
+
+@dataclass(frozen=True)
+class Symlink:
+    """A symbolic link at `dest` pointing to `target` (as on a merged-/usr host: /bin -> usr/bin)."""
+
+    target: str
+    dest: str
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What one sandbox is made of. Mount order is the order of the tuples, system first.
+
+    `system` holds the read-only host paths every program needs (/usr, a few /etc files, the
+    Python runtime); `binds` the session's own paths (workspace, run directory, packages).
+    `env` is the whole environment: the sandbox starts from an empty one.
+    """
+
+    system: tuple[Bind, ...]
+    symlinks: tuple[Symlink, ...]
+    tmpfs: tuple[Tmpfs, ...]
+    binds: tuple[Bind, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str = WORKSPACE
+    hostname: str = "corral"
+    uid: int = SANDBOX_UID
+    gid: int = SANDBOX_GID
+    seccomp: bool = True
+    extra_dirs: tuple[str, ...] = field(default=())
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def with_run_dir(self, run_dir: Path) -> SandboxPolicy:
+        """This policy with one kernel's run directory (its sockets) at `SANDBOX_RUN_DIR`."""
+        return replace(self, binds=(*self.binds, Bind(run_dir, SANDBOX_RUN_DIR, writable=True)))

@@ -1,0 +1,150 @@
+"""The default sandbox profile (DESIGN section 3): what a session sees of the host.
+
+Read-only: /usr (with the merged-/usr links), a short list of /etc files, the Python runtime.
+Writable: the session's workspace, its package prefix and its run directory. Size-limited tmpfs
+for /tmp and the home. Nothing else of the host exists inside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.sandbox.policy import (
+    SANDBOX_GID,
+    SANDBOX_HOME,
+    SANDBOX_UID,
+    SANDBOX_USER,
+    WORKSPACE,
+    Bind,
+    SandboxPolicy,
+    Symlink,
+    Tmpfs,
+)
+from corral.sandbox.runtime import (
+    SANDBOX_ENV,
+    SANDBOX_PYTHON_PREFIX,
+    SANDBOX_RUNTIME_SITE,
+    PythonRuntime,
+)
+
+
+# /etc entries programs need to link, verify TLS, tell the time and find fonts; nothing that
+# names the host's users, network or services.
+SYSTEM_ETC: tuple[str, ...] = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "alternatives",
+    "fonts",
+    "mime.types",
+    "bash.bashrc",
+)
+TOP_LEVEL_LINKS: tuple[str, ...] = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+@dataclass(frozen=True)
+class SessionPaths:
+    """The host directories one session owns."""
+
+    workspace: Path
+    env: Path
+
+
+def default_policy(
+    runtime: PythonRuntime,
+    paths: SessionPaths,
+    identity_dir: Path,
+    *,
+    tmp_size_bytes: int,
+    home_size_bytes: int,
+    host_root: Path = Path("/"),
+) -> SandboxPolicy:
+    """The policy for one session's kernels. Reads only which host paths exist."""
+    system, links = _system_mounts(host_root)
+    system += _identity_binds(identity_dir)
+    system += (
+        Bind(runtime.base_prefix, SANDBOX_PYTHON_PREFIX),
+        Bind(runtime.site_packages, SANDBOX_RUNTIME_SITE),
+    )
+    return SandboxPolicy(
+        system=system,
+        symlinks=links,
+        tmpfs=(
+            Tmpfs("/tmp", tmp_size_bytes, 0o1777),
+            Tmpfs(SANDBOX_HOME, home_size_bytes, 0o700),
+        ),
+        binds=(
+            Bind(paths.workspace, WORKSPACE, writable=True),
+            Bind(paths.env, SANDBOX_ENV, writable=True),
+        ),
+        env=sandbox_env(),
+    )
+
+
+def sandbox_env() -> tuple[tuple[str, str], ...]:
+    """The whole environment of a sandboxed process; no host variable is copied in."""
+    return (
+        ("PATH", f"{SANDBOX_ENV}/bin:/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", SANDBOX_HOME),
+        ("USER", SANDBOX_USER),
+        ("LOGNAME", SANDBOX_USER),
+        ("SHELL", "/bin/bash"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("TMPDIR", "/tmp"),
+        ("VIRTUAL_ENV", SANDBOX_ENV),
+        ("PIP_NO_CACHE_DIR", "1"),
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+        ("MPLCONFIGDIR", f"{SANDBOX_ENV}/mpl"),
+        ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
+        ("PYTHONUNBUFFERED", "1"),
+    )
+
+
+def _system_mounts(host_root: Path) -> tuple[tuple[Bind, ...], tuple[Symlink, ...]]:
+    binds = [Bind(host_root / "usr", "/usr")]
+    links: list[Symlink] = []
+    for name in TOP_LEVEL_LINKS:
+        path = host_root / name
+        if path.is_symlink():
+            links.append(Symlink(str(path.readlink()), f"/{name}"))
+        elif path.is_dir():
+            binds.append(Bind(path, f"/{name}"))
+    for name in SYSTEM_ETC:
+        path = host_root / "etc" / name
+        if path.exists():
+            binds.append(Bind(path, f"/etc/{name}"))
+    return tuple(binds), tuple(links)
+
+
+def _identity_binds(identity_dir: Path) -> tuple[Bind, ...]:
+    return tuple(Bind(identity_dir / name, f"/etc/{name}") for name in IDENTITY_FILES)
+
+
+IDENTITY_FILES: dict[str, str] = {
+    "passwd": (
+        f"root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n"
+        f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:corral sandbox:{SANDBOX_HOME}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "group": f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost corral\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "hostname": "corral\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+}
+
+
+def write_identity_files(identity_dir: Path) -> None:
+    """Write the sandbox's own passwd, group and hosts into a directory only the server writes."""
+    identity_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for name, text in IDENTITY_FILES.items():
+        path = identity_dir / name
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            path.chmod(0o644)
