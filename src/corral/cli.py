@@ -62,13 +62,19 @@ def doctor(as_json: bool) -> None:
 
 @main.command()
 @click.argument("code", required=False)
-@click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Run this file instead of CODE.")
+@click.option(
+    "-f",
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Run this file instead of CODE.",
+)
 @click.option("-l", "--language", type=click.Choice(["python", "bash"]), default="python")
 @click.option("-t", "--timeout", "timeout_s", type=float, default=None, help="Seconds allowed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
-def run(code: str | None, path: Path | None, language: str, timeout_s: float | None,
-        as_json: bool) -> None:
+def run(
+    code: str | None, path: Path | None, language: str, timeout_s: float | None, as_json: bool
+) -> None:
     """Run CODE (or a file) in a one-off sandbox and print what it produced.
 
     The exit code follows the outcome: 0 ok, 1 the code raised, 3 timeout, 4 interrupted or
@@ -87,12 +93,12 @@ def run(code: str | None, path: Path | None, language: str, timeout_s: float | N
     sys.exit(EXIT_FOR_STATUS[result.status])
 
 
-async def _run_once(settings: Settings, code: str, language: str,
-                    timeout_s: float | None) -> ExecutionResult:
+async def _run_once(
+    settings: Settings, code: str, language: str, timeout_s: float | None
+) -> ExecutionResult:
     async with Service(settings) as service:
         await service.create_session("run")
-        return await service.execute(code, session_id="run", language=language,
-                                     timeout_s=timeout_s)
+        return await service.execute(code, session_id="run", language=language, timeout_s=timeout_s)
 
 
 def _print_result(result: ExecutionResult) -> None:
@@ -101,8 +107,11 @@ def _print_result(result: ExecutionResult) -> None:
     for bundle in result.results:
         _print_bundle(bundle)
     if result.error is not None:
-        err.print("\n".join(result.error.traceback) or f"{result.error.ename}: {result.error.evalue}",
-                  markup=False, highlight=False)
+        err.print(
+            "\n".join(result.error.traceback) or f"{result.error.ename}: {result.error.evalue}",
+            markup=False,
+            highlight=False,
+        )
     if result.message:
         err.print(f"[corral] {result.message}", markup=False, highlight=False)
 
@@ -133,8 +142,7 @@ def sessions_list(as_json: bool) -> None:
     for column in ("id", "state", "created", "last used"):
         table.add_column(column)
     for record in records:
-        table.add_row(record.id, record.state, _when(record.created_at),
-                      _when(record.last_used_at))
+        table.add_row(record.id, record.state, _when(record.created_at), _when(record.last_used_at))
     out.print(table)
 
 
@@ -165,9 +173,15 @@ def serve() -> None:
         click.echo(f"{mark:>6}  {check.name}: {check.detail}")
     if not all(check.ok for check in checks):
         sys.exit(1)
-    result = _call(_run_once(replace(settings, state_dir=settings.state_dir / "demo"),
-                             "import sys, platform\nprint('corral sandbox:', platform.node(), "
-                             "sys.version.split()[0])\n1 + 1", "python", None))
+    result = _call(
+        _run_once(
+            replace(settings, state_dir=settings.state_dir / "demo"),
+            "import sys, platform\nprint('corral sandbox:', platform.node(), "
+            "sys.version.split()[0])\n1 + 1",
+            "python",
+            None,
+        )
+    )
     _print_result(result)
 
 

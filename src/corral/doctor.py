@@ -72,8 +72,13 @@ def _check_bwrap(settings: Settings) -> tuple[Check, str | None]:
     shown = ".".join(map(str, version))
     if version < MIN_BWRAP:
         need = ".".join(map(str, MIN_BWRAP))
-        return Check("bwrap", False, f"{bwrap} is {shown}", f"bwrap {need} or newer is needed "
-                     "(--size, --disable-userns); unset CORRAL_BWRAP to use the bundled one"), None
+        return Check(
+            "bwrap",
+            False,
+            f"{bwrap} is {shown}",
+            f"bwrap {need} or newer is needed "
+            "(--size, --disable-userns); unset CORRAL_BWRAP to use the bundled one",
+        ), None
     return Check("bwrap", True, f"{bwrap} (version {shown})"), bwrap
 
 
@@ -88,7 +93,10 @@ def _check_seccomp() -> Check:
 def _check_userns(bwrap: str) -> Check:
     probe = subprocess.run(
         [bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     if probe.returncode == 0:
         return Check("user namespaces", True, "bwrap can create user and network namespaces")
@@ -134,8 +142,13 @@ def _probe_policy(tmp: Path, settings: Settings) -> SandboxPolicy:
     paths.workspace.mkdir()
     create_session_env(paths.env, runtime)
     write_identity_files(tmp / "etc")
-    return default_policy(runtime, paths, tmp / "etc", tmp_size_bytes=settings.tmp_size_bytes,
-                          home_size_bytes=settings.home_size_bytes)
+    return default_policy(
+        runtime,
+        paths,
+        tmp / "etc",
+        tmp_size_bytes=settings.tmp_size_bytes,
+        home_size_bytes=settings.home_size_bytes,
+    )
 
 
 def _parse_probe(stdout: str) -> list[tuple[str, str]]:

@@ -25,16 +25,27 @@ class Service:
         await self.sessions.open()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.sessions.close()
 
-    async def execute(self, code: str, *, session_id: str | None = None, language: str = "python",
-                      timeout_s: float | None = None,
-                      on_output: OutputHook | None = None) -> ExecutionResult:
+    async def execute(
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        language: str = "python",
+        timeout_s: float | None = None,
+        on_output: OutputHook | None = None,
+    ) -> ExecutionResult:
         """Run code in a session (the default one when `session_id` is None)."""
-        return await self.sessions.execute(session_id, code, language=language,
-                                           timeout_s=timeout_s, on_output=on_output)
+        return await self.sessions.execute(
+            session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+        )
 
     async def create_session(self, session_id: str | None = None) -> SessionInfo:
         return await self.sessions.create(session_id)
@@ -43,7 +54,7 @@ class Service:
         return await self.sessions.start(session_id)
 
     def list_sessions(self) -> list[SessionInfo]:
-        return self.sessions.list()
+        return self.sessions.list_sessions()
 
     def get_session(self, session_id: str) -> SessionInfo:
         return self.sessions.get(session_id)

@@ -37,8 +37,9 @@ class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(path, timeout=10, check_same_thread=False,
-                                       isolation_level=None)
+            self._db = sqlite3.connect(
+                path, timeout=10, check_same_thread=False, isolation_level=None
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(_SCHEMA)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelUnreachable
 from corral.kernels.kernel import SandboxedKernel
@@ -192,8 +192,9 @@ async def _follow_iopub(
             await on_output(msg["msg_type"], msg["content"])
 
 
-async def _read_reply(kernel: SandboxedKernel, msg_id: str, result: ExecutionResult,
-                      timeout_s: float) -> None:
+async def _read_reply(
+    kernel: SandboxedKernel, msg_id: str, result: ExecutionResult, timeout_s: float
+) -> None:
     client = _client(kernel)
     deadline = time.monotonic() + timeout_s
     while (remaining := deadline - time.monotonic()) > 0:
@@ -211,8 +212,9 @@ async def _read_reply(kernel: SandboxedKernel, msg_id: str, result: ExecutionRes
             return
 
 
-def _conclude(result: ExecutionResult, ended: str, watch: _Watch,
-              limits: ExecutionLimits) -> Outcome:
+def _conclude(
+    result: ExecutionResult, ended: str, watch: _Watch, limits: ExecutionLimits
+) -> Outcome:
     if ended == "died":
         result.status = "died"
         result.message = "the kernel died while running this code; its variables are lost"
@@ -226,8 +228,10 @@ def _conclude(result: ExecutionResult, ended: str, watch: _Watch,
     else:
         result.status = _status_of(result)
     if result.output_truncated:
-        note = (f"output cut at {limits.max_output_bytes} bytes; "
-                f"{result.output_cut_bytes} more bytes were dropped")
+        note = (
+            f"output cut at {limits.max_output_bytes} bytes; "
+            f"{result.output_cut_bytes} more bytes were dropped"
+        )
         result.message = f"{result.message}; {note}" if result.message else note
     if ended == "unresponsive":
         result.message = f"{result.message}; the kernel did not stop and was restarted"

@@ -15,7 +15,7 @@ import stat
 import time
 from pathlib import Path
 
-from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
 from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
@@ -27,8 +27,9 @@ SOCKET_POLL_S = 0.005
 class SandboxedKernel:
     """A python or bash kernel inside its sandbox, with a client connected over ipc."""
 
-    def __init__(self, language: str, policy: SandboxPolicy, *, bwrap: str, python: str,
-                 run_root: Path) -> None:
+    def __init__(
+        self, language: str, policy: SandboxPolicy, *, bwrap: str, python: str, run_root: Path
+    ) -> None:
         self.language = language
         self.run_dir = make_run_dir(run_root)
         self.manager = SandboxedKernelManager(

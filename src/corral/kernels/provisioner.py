@@ -19,7 +19,7 @@ from typing import IO, Any
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
@@ -73,7 +73,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         return [Path(f"{self.ip}-{port}") for port in ports]
 
 
-class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+class SandboxProvisioner(LocalProvisioner):
     """Starts the kernel command inside the sandbox described by the manager's policy."""
 
     stderr_log: IO[bytes] | None = None
@@ -82,8 +82,9 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs = await super().pre_launch(**kwargs)
         manager = _sandboxed_manager(self.parent)
         sandbox_file = _write_sandbox_connection_file(manager)
-        kwargs["cmd"] = [sandbox_file if arg == manager.connection_file else arg
-                         for arg in kwargs["cmd"]]
+        kwargs["cmd"] = [
+            sandbox_file if arg == manager.connection_file else arg for arg in kwargs["cmd"]
+        ]
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
@@ -92,9 +93,11 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         argv = build_argv(
             manager.sandbox_policy, cmd, bwrap=manager.bwrap_path, seccomp_fd=seccomp_fd
         )
-        self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")
+        # Kept open for the kernel's lifetime; closed in cleanup().
+        self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")  # noqa: SIM115
         try:
-            self.process = subprocess.Popen(
+            # Popen only forks and execs: it does not wait, so it is fine on the event loop.
+            self.process = subprocess.Popen(  # noqa: ASYNC220
                 argv,
                 pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 stdin=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.starting = False
         self.failed: str | None = None
+        self.lost: set[str] = set()  # languages whose kernel died since the last call
 
     @property
     def running(self) -> bool:
@@ -137,6 +139,8 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await asyncio.gather(*(self._stop_kernels(s) for s in self.sessions.values()))
+        for session in self.sessions.values():
+            self._save(session)
         self.store.close()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -160,7 +164,7 @@ class SessionManager:
     def get(self, session_id: str) -> SessionInfo:
         return self._get(session_id).info()
 
-    def list(self) -> list[SessionInfo]:
+    def list_sessions(self) -> list[SessionInfo]:
         return [session.info() for session in self.sessions.values()]
 
     async def stop(self, session_id: str) -> SessionInfo:
@@ -235,11 +239,13 @@ class SessionManager:
             max_output_bytes=self.settings.max_output_bytes,
         )
 
-    async def _after_kernel_loss(self, session: Session, language: str,
-                                 result: ExecutionResult) -> None:
+    async def _after_kernel_loss(
+        self, session: Session, language: str, result: ExecutionResult
+    ) -> None:
         """A dead kernel is cleared (the next call starts a fresh one); a stuck one replaced."""
         if result.status == "died":
             await self._drop_kernel(session, language)
+            session.lost.add(language)
             return
         await self._replace_kernel(session, language)
         result.kernel_restarted = True
@@ -251,10 +257,11 @@ class SessionManager:
         kernel = session.kernels.get(language)
         if kernel is not None and await kernel.is_alive():
             return False
-        lost = kernel is not None
-        if lost:
+        lost = kernel is not None or language in session.lost
+        if kernel is not None:
             await self._drop_kernel(session, language)
         await self._start_kernel(session, language)
+        session.lost.discard(language)
         return lost
 
     async def _replace_kernel(self, session: Session, language: str) -> None:
@@ -274,9 +281,13 @@ class SessionManager:
                 tmp_size_bytes=self.settings.tmp_size_bytes,
                 home_size_bytes=self.settings.home_size_bytes,
             )
-            kernel = SandboxedKernel(language, policy, bwrap=self.bwrap,
-                                     python=self.runtime.sandbox_python,
-                                     run_root=self.settings.run_root)
+            kernel = SandboxedKernel(
+                language,
+                policy,
+                bwrap=self.bwrap,
+                python=self.runtime.sandbox_python,
+                run_root=self.settings.run_root,
+            )
             await kernel.start(self.settings.kernel_start_timeout_s)
             session.kernels[language] = kernel
             session.failed = None
@@ -360,6 +371,4 @@ class SessionManager:
 
 
 def _new_id() -> str:
-    import secrets
-
     return "s-" + secrets.token_hex(4)

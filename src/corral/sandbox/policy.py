@@ -37,7 +37,7 @@ class Tmpfs:
 
 @dataclass(frozen=True)
 class Symlink:
-    """A symbolic link at `dest` pointing to `target` (as on a merged-/usr host: /bin -> usr/bin)."""
+    """A symbolic link at `dest` to `target`, as on a merged-/usr host (/bin -> usr/bin)."""
 
     target: str
     dest: str

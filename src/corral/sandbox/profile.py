@@ -28,7 +28,6 @@ from corral.sandbox.runtime import (
     PythonRuntime,
 )
 
-
 # /etc entries programs need to link, verify TLS, tell the time and find fonts; nothing that
 # names the host's users, network or services.
 SYSTEM_ETC: tuple[str, ...] = (

@@ -87,9 +87,7 @@ def compiled_filter() -> bytes:
     # ioctl's request is an int in the kernel: compare only the low 32 bits so garbage in the
     # upper half cannot slip a TIOCSTI past the filter.
     for request in (TIOCSTI, TIOCLINUX):
-        filt.add_rule(
-            sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, LOW_32_BITS, request)
-        )
+        filt.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, LOW_32_BITS, request))
     with tempfile.TemporaryFile() as out:
         filt.export_bpf(out)
         out.seek(0)

@@ -1,0 +1,64 @@
+"""Fixtures: settings in temporary directories, and real services with real sandboxes."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.config import Settings
+from corral.service import Service
+
+
+@pytest.fixture
+def run_root() -> Iterator[Path]:
+    """A short directory for kernel sockets (unix socket paths must stay under 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="crt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_settings(state_dir: Path, run_root: Path, **overrides: object) -> Settings:
+    base = dict(
+        state_dir=state_dir,
+        run_root=run_root,
+        exec_timeout_s=60.0,
+        interrupt_grace_s=3.0,
+        max_output_bytes=100_000,
+    )
+    base.update(overrides)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings(tmp_path: Path, run_root: Path) -> Settings:
+    return make_settings(tmp_path / "state", run_root)
+
+
+@pytest.fixture
+async def service(settings: Settings) -> AsyncIterator[Service]:
+    """A fresh service per test, for tests that break or restart things."""
+    async with Service(settings) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="session")
+async def shared_service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
+    """One service for read-only property tests, so each kernel starts once per run."""
+    run = Path(tempfile.mkdtemp(prefix="crs", dir="/tmp"))
+    settings = make_settings(tmp_path_factory.mktemp("shared") / "state", run)
+    try:
+        async with Service(settings) as svc:
+            yield svc
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+async def sandbox(shared_service: Service) -> Service:
+    """The shared service with a session named 'probe' running (python and bash)."""
+    await shared_service.create_session("probe")
+    return shared_service

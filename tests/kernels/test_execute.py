@@ -1,0 +1,188 @@
+"""Execution against real sandboxed kernels: results, errors, caps, timeouts and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+
+import psutil
+
+from corral.service import Service
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+async def test_expression_value_comes_back_as_text_plain(sandbox: Service) -> None:
+    result = await sandbox.execute("1 + 1", session_id="probe")
+    assert result.status == "ok"
+    assert result.results == [{"text/plain": "2"}]
+    assert result.execution_count is not None
+    assert result.duration_s > 0
+
+
+async def test_stdout_and_stderr_are_separate_and_in_order(sandbox: Service) -> None:
+    code = "import sys\nprint('a')\nprint('x', file=sys.stderr)\nprint('b')\n"
+    result = await sandbox.execute(code, session_id="probe")
+    assert result.stdout == "a\nb\n"
+    assert result.stderr == "x\n"
+
+
+async def test_matplotlib_figure_comes_back_as_png(sandbox: Service) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\n"
+    result = await sandbox.execute(code, session_id="probe")
+    assert result.status == "ok", result.text()
+    pngs = [bundle["image/png"] for bundle in result.results if "image/png" in bundle]
+    assert len(pngs) == 1
+    assert base64.b64decode(pngs[0]).startswith(PNG_MAGIC)
+
+
+async def test_exception_is_a_structured_error_without_ansi(sandbox: Service) -> None:
+    result = await sandbox.execute("def f():\n    raise ValueError('bad')\nf()", session_id="probe")
+    assert result.status == "error"
+    assert result.error is not None
+    assert (result.error.ename, result.error.evalue) == ("ValueError", "bad")
+    joined = "\n".join(result.error.traceback)
+    assert "\x1b[" not in joined
+    assert "ValueError" in joined
+
+
+async def test_state_persists_between_calls(sandbox: Service) -> None:
+    await sandbox.execute("kept = 41", session_id="probe")
+    result = await sandbox.execute("kept + 1", session_id="probe")
+    assert result.results == [{"text/plain": "42"}]
+
+
+async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
+    await sandbox.execute("open('/workspace/from_py.txt', 'w').write('hi')", session_id="probe")
+    result = await sandbox.execute(
+        "cat /workspace/from_py.txt; echo; pwd", session_id="probe", language="bash"
+    )
+    assert result.status == "ok", result.text()
+    assert result.stdout.split() == ["hi", "/workspace"]
+
+
+async def test_bash_failure_is_an_error_result(sandbox: Service) -> None:
+    result = await sandbox.execute("ls /does-not-exist", session_id="probe", language="bash")
+    assert result.status == "error"
+    assert "No such file" in result.stdout + result.stderr
+
+
+async def test_flood_of_100_mb_is_cut_and_the_kernel_survives(service: Service) -> None:
+    await service.create_session("flood")
+    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"
+    result = await service.execute(code, session_id="flood")
+    assert result.output_truncated
+    assert len(result.stdout) <= service.settings.max_output_bytes
+    assert result.output_cut_bytes > 0
+    assert result.message is not None and "output cut" in result.message
+    after = await service.execute("'alive'", session_id="flood")
+    assert after.results == [{"text/plain": "'alive'"}]
+
+
+async def test_single_huge_print_is_cut(service: Service) -> None:
+    await service.create_session("huge")
+    result = await service.execute("print('y' * 20_000_000)", session_id="huge")
+    assert result.output_truncated
+    assert result.output_bytes <= service.settings.max_output_bytes
+    assert result.output_cut_bytes >= 20_000_000 - service.settings.max_output_bytes
+
+
+async def test_code_that_never_returns_times_out_and_is_interrupted(service: Service) -> None:
+    await service.create_session("loop")
+    await service.execute("before = 'kept'", session_id="loop")
+    result = await service.execute("while True:\n    pass", session_id="loop", timeout_s=1.5)
+    assert result.status == "timeout"
+    assert not result.kernel_restarted
+    assert "1.5 s" in (result.message or "")
+    after = await service.execute("before", session_id="loop")
+    assert after.results == [{"text/plain": "'kept'"}]
+
+
+async def test_code_that_ignores_interrupts_gets_its_kernel_restarted(service: Service) -> None:
+    await service.create_session("stubborn")
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n    time.sleep(0.1)\n"
+    )
+    result = await service.execute(code, session_id="stubborn", timeout_s=1)
+    assert result.status == "timeout"
+    assert result.kernel_restarted
+    after = await service.execute("1", session_id="stubborn")
+    assert after.status == "ok"
+
+
+async def test_os_exit_is_a_died_result_and_the_next_call_gets_a_new_kernel(
+    service: Service,
+) -> None:
+    await service.create_session("exit")
+    await service.execute("open('/workspace/keep.txt','w').write('safe')", session_id="exit")
+    result = await service.execute("import os; os._exit(3)", session_id="exit")
+    assert result.status == "died"
+    after = await service.execute("open('/workspace/keep.txt').read()", session_id="exit")
+    assert after.status == "ok"
+    assert after.kernel_restarted
+    assert after.results == [{"text/plain": "'safe'"}]
+
+
+async def test_kill_9_of_itself_is_a_died_result(service: Service) -> None:
+    await service.create_session("self-kill")
+    result = await service.execute(
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", session_id="self-kill"
+    )
+    assert result.status == "died"
+    assert (await service.execute("2", session_id="self-kill")).status == "ok"
+
+
+async def test_kernel_killed_from_outside_mid_execution(service: Service) -> None:
+    await service.create_session("victim")
+    await service.create_session("bystander")
+    task = asyncio.create_task(
+        service.execute(
+            "import time\nprint('start', flush=True)\ntime.sleep(30)", session_id="victim"
+        )
+    )
+    await asyncio.sleep(1.0)
+    bwrap_pid = service.sessions.sessions["victim"].kernels["python"].pid
+    assert bwrap_pid is not None
+    kernels = [
+        p
+        for p in psutil.Process(bwrap_pid).children(recursive=True)
+        if "ipykernel_launcher" in " ".join(p.cmdline())
+    ]
+    assert kernels
+    os.kill(kernels[0].pid, signal.SIGKILL)
+    result = await asyncio.wait_for(task, 20)
+    assert result.status == "died"
+    assert (await service.execute("'still here'", session_id="bystander")).status == "ok"
+    assert (await service.execute("3", session_id="victim")).results == [{"text/plain": "3"}]
+
+
+async def test_executions_in_one_session_run_in_arrival_order(service: Service) -> None:
+    await service.create_session("queue")
+    await service.execute("order = []", session_id="queue")
+    calls = [
+        service.execute(f"import time; time.sleep(0.05); order.append({i})", session_id="queue")
+        for i in range(5)
+    ]
+    results = await asyncio.gather(*calls)
+    assert all(r.status == "ok" for r in results)
+    assert (await service.execute("order", session_id="queue")).results == [
+        {"text/plain": "[0, 1, 2, 3, 4]"}
+    ]
+    assert max(r.queued_s for r in results) > 0
+
+
+async def test_sessions_run_in_parallel(service: Service) -> None:
+    await asyncio.gather(service.create_session("p1"), service.create_session("p2"))
+    started = asyncio.get_running_loop().time()
+    results = await asyncio.gather(
+        service.execute("import time; time.sleep(1.5)", session_id="p1"),
+        service.execute("import time; time.sleep(1.5)", session_id="p2"),
+    )
+    elapsed = asyncio.get_running_loop().time() - started
+    assert all(r.status == "ok" for r in results)
+    # Serial execution would need 3 s; this checks overlap, not speed.
+    assert elapsed < 2.9

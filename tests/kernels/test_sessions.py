@@ -1,0 +1,176 @@
+"""Session lifecycle against real sandboxes: ids, limits, idle, persistence across restarts."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import time
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from corral.config import Settings
+from corral.errors import InvalidInput, SessionExists, SessionNotFound, TooManySessions
+from corral.kernels.sessions import validate_session_id
+from corral.service import Service
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "../etc", "a/b", "-x", "x" * 65, "é", "a b", 7])
+def test_invalid_session_ids_are_refused(bad: object) -> None:
+    with pytest.raises(InvalidInput, match="invalid session id"):
+        validate_session_id(bad)
+
+
+@pytest.mark.parametrize("good", ["a", "default", "A.b_c-9", "x" * 64])
+def test_valid_session_ids_pass(good: str) -> None:
+    assert validate_session_id(good) == good
+
+
+async def test_unknown_session_is_a_clear_error(service: Service) -> None:
+    with pytest.raises(SessionNotFound, match="no session named 'ghost'"):
+        await service.execute("1", session_id="ghost")
+    with pytest.raises(SessionNotFound):
+        service.get_session("ghost")
+
+
+async def test_invalid_id_on_execute_is_refused_before_anything_runs(service: Service) -> None:
+    with pytest.raises(InvalidInput):
+        await service.execute("1", session_id="../../etc")
+    assert service.list_sessions() == []
+
+
+async def test_unknown_language_is_refused(service: Service) -> None:
+    with pytest.raises(InvalidInput, match="unknown language"):
+        await service.execute("1", language="ruby")
+
+
+async def test_calls_without_a_session_use_the_default_session(service: Service) -> None:
+    await service.execute("x = 5")
+    result = await service.execute("x * 2")
+    assert result.results == [{"text/plain": "10"}]
+    assert result.session_id == "default"
+
+
+async def test_create_list_get_stop_restart(service: Service) -> None:
+    info = await service.create_session()
+    assert info.state == "idle" and info.kernels == ("python",)
+    assert [s.id for s in service.list_sessions()] == [info.id]
+    with pytest.raises(SessionExists):
+        await service.create_session(info.id)
+    await service.execute("v = 1", session_id=info.id)
+    restarted = await service.restart_session(info.id)
+    assert restarted.state == "idle"
+    gone = await service.execute("'v' in dir()", session_id=info.id)
+    assert gone.results == [{"text/plain": "False"}]
+    stopped = await service.stop_session(info.id)
+    assert stopped.state == "stopped" and stopped.kernels == ()
+    assert (await service.execute("1", session_id=info.id)).status == "ok"
+
+
+async def test_maximum_number_of_running_sessions(settings: Settings) -> None:
+    async with Service(replace(settings, max_sessions=2)) as service:
+        await service.create_session("one")
+        await service.create_session("two")
+        with pytest.raises(TooManySessions, match="maximum of 2"):
+            await service.create_session("three")
+        await service.stop_session("one")
+        await service.start_session("three")
+        assert {s.id for s in service.list_sessions() if s.state == "idle"} == {"two", "three"}
+
+
+async def test_idle_timeout_stops_kernels_but_keeps_the_workspace(settings: Settings) -> None:
+    async with Service(replace(settings, idle_timeout_s=0.5)) as service:
+        await service.create_session("idle")
+        await service.execute("open('/workspace/f.txt','w').write('kept')", session_id="idle")
+        service.sessions.sessions["idle"].record.last_used_at = time.time() - 10
+        assert await service.sessions.reap_idle() == ["idle"]
+        assert service.get_session("idle").state == "stopped"
+        result = await service.execute("open('/workspace/f.txt').read()", session_id="idle")
+        assert result.results == [{"text/plain": "'kept'"}]
+
+
+async def test_delete_removes_the_workspace(service: Service) -> None:
+    info = await service.create_session("gone")
+    assert info.workspace.is_dir()
+    await service.delete_session("gone")
+    assert not info.workspace.exists()
+    with pytest.raises(SessionNotFound):
+        service.get_session("gone")
+
+
+def _tiny_wheel() -> bytes:
+    """A minimal valid wheel of a package named corraltiny, built in memory."""
+    files = {
+        "corraltiny/__init__.py": b"VALUE = 'installed'\n",
+        "corraltiny-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: corraltiny\n"
+        b"Version: 1.0\n",
+        "corraltiny-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("corraltiny-1.0.dist-info/RECORD,,")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("corraltiny-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return buffer.getvalue()
+
+
+async def test_sessions_resume_after_a_server_restart_with_files_and_packages(
+    settings: Settings,
+) -> None:
+    async with Service(settings) as service:
+        info = await service.create_session("keep")
+        wheel = info.workspace / "corraltiny-1.0-py3-none-any.whl"
+        wheel.write_bytes(_tiny_wheel())
+        install = await service.execute(
+            "pip install --no-index --quiet /workspace/corraltiny-1.0-py3-none-any.whl",
+            session_id="keep",
+            language="bash",
+        )
+        assert install.status == "ok", install.text()
+        await service.execute("open('/workspace/notes.txt','w').write('n')", session_id="keep")
+    async with Service(settings) as again:
+        listed = again.get_session("keep")
+        assert listed.state == "stopped"
+        result = await again.execute(
+            "import corraltiny, pathlib\n"
+            "(corraltiny.VALUE, pathlib.Path('/workspace/notes.txt').read_text())",
+            session_id="keep",
+        )
+        assert result.results == [{"text/plain": "('installed', 'n')"}], result.text()
+
+
+async def test_installed_package_lives_in_the_session_not_the_shared_runtime(
+    settings: Settings,
+) -> None:
+    async with Service(settings) as service:
+        info = await service.create_session("pkg")
+        (info.workspace / "w.whl").write_bytes(_tiny_wheel())
+        await service.execute(
+            "cp /workspace/w.whl /tmp/corraltiny-1.0-py3-none-any.whl && "
+            "pip install --no-index --quiet /tmp/corraltiny-1.0-py3-none-any.whl",
+            session_id="pkg",
+            language="bash",
+        )
+        await service.create_session("other")
+        result = await service.execute("import corraltiny", session_id="other")
+        assert result.status == "error"
+        assert result.error is not None and result.error.ename == "ModuleNotFoundError"
+        env = settings.sessions_dir / "pkg" / "env"
+        assert list(env.glob("lib/python*/site-packages/corraltiny/__init__.py"))
+
+
+def test_session_directories_are_private(settings: Settings, tmp_path: Path) -> None:
+    from corral.kernels.kernel import make_run_dir
+
+    run_dir = make_run_dir(settings.run_root)
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert len(str(run_dir / "k-65535")) < 100
