@@ -35,8 +35,7 @@ lock: $(UV)
 		--python-version 3.11 --quiet -o requirements.lock
 
 $(UV):
-	$(PY) -m venv $(BOOT)
-	$(BOOT)/bin/pip install --quiet uv==$(UV_VERSION)
+	scripts/bootstrap-uv $(PY) $(BOOT) $(UV_VERSION)
 
 $(STAMP): requirements.lock pyproject.toml | $(UV)
 	test -x $(VENV)/bin/python || $(UV) venv --quiet --python $(PY) $(VENV)

@@ -6,6 +6,7 @@ sandboxes: a probe that only reads sysctls would miss AppArmor or a seccomp-less
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
 UNPRIV_USERNS = Path("/proc/sys/kernel/unprivileged_userns_clone")
 # Run inside the sandbox: each line is "name ok" or "name failed: why".
 _PROBE = """
-import ctypes, os, socket
+import ctypes, os, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)
-print("python ok")
+print("python", sys.version.split()[0])
 r = libc.unshare(0x10000000)
 print("userns-blocked ok" if r != 0 else "userns-blocked failed: unshare(CLONE_NEWUSER) worked")
 names = [name for _, name in socket.if_nameindex()]
@@ -129,7 +130,7 @@ def _check_sandbox(bwrap: str, settings: Settings) -> list[Check]:
         why = done.stderr.strip()[-500:] or f"exit code {done.returncode}"
         return [Check("sandbox", False, f"python did not start in the sandbox: {why}")]
     return [
-        Check("sandbox python", True, "the runtime starts inside the default profile"),
+        _version_check(results["python"]),
         _probe_check(results, "userns-blocked", "no new user namespaces inside"),
         _probe_check(results, "network-blocked", "no network but loopback inside"),
         _probe_check(results, "kernels", "ipykernel and bash_kernel import inside"),
@@ -149,6 +150,19 @@ def _probe_policy(tmp: Path, settings: Settings) -> SandboxPolicy:
         tmp_size_bytes=settings.tmp_size_bytes,
         home_size_bytes=settings.home_size_bytes,
     )
+
+
+def _version_check(inside: str) -> Check:
+    host = platform.python_version()
+    if inside != host:
+        return Check(
+            "sandbox python",
+            False,
+            f"Python {inside} inside, {host} outside",
+            "the interpreter's libraries were not found in the sandbox; "
+            "report this with the output of 'python3 -m sysconfig'",
+        )
+    return Check("sandbox python", True, f"Python {inside} starts inside the default profile")
 
 
 def _parse_probe(stdout: str) -> list[tuple[str, str]]:

@@ -227,3 +227,10 @@ async def test_two_sessions_cannot_see_each_other(sandbox: Service) -> None:
     assert "mine.txt" not in other
     probe_kernel = sandbox.sessions.sessions["probe"].kernels["python"].pid
     assert str(probe_kernel) not in other.split("]", 1)[1]
+
+
+async def test_kernel_runs_the_servers_own_interpreter(sandbox: Service) -> None:
+    import sys
+
+    out = await _py(sandbox, "import sys; print(sys.version)")
+    assert out == sys.version

@@ -362,8 +362,8 @@ class SessionManager:
         return SessionPaths(workspace=root / "workspace", env=root / "env")
 
     def _touch(self, session: Session) -> None:
+        # Kept in memory on the hot path; written with the next state change or at close.
         session.record.last_used_at = now()
-        self._save(session)
 
     def _save(self, session: Session) -> None:
         session.record.state = session.state

@@ -81,29 +81,39 @@ def default_policy(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
         ),
-        env=sandbox_env(),
+        env=sandbox_env(runtime),
     )
 
 
-def sandbox_env() -> tuple[tuple[str, str], ...]:
-    """The whole environment of a sandboxed process; no host variable is copied in."""
-    return (
-        ("PATH", f"{SANDBOX_ENV}/bin:/usr/local/bin:/usr/bin:/bin"),
-        ("HOME", SANDBOX_HOME),
-        ("USER", SANDBOX_USER),
-        ("LOGNAME", SANDBOX_USER),
-        ("SHELL", "/bin/bash"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("TERM", "dumb"),
-        ("TMPDIR", "/tmp"),
-        ("VIRTUAL_ENV", SANDBOX_ENV),
-        ("PIP_NO_CACHE_DIR", "1"),
-        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
-        ("MPLCONFIGDIR", f"{SANDBOX_ENV}/mpl"),
-        ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
-        ("PYTHONUNBUFFERED", "1"),
-    )
+BASE_ENV: tuple[tuple[str, str], ...] = (
+    ("PATH", f"{SANDBOX_ENV}/bin:/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", SANDBOX_HOME),
+    ("USER", SANDBOX_USER),
+    ("LOGNAME", SANDBOX_USER),
+    ("SHELL", "/bin/bash"),
+    ("LANG", "C.UTF-8"),
+    ("LC_ALL", "C.UTF-8"),
+    ("TERM", "dumb"),
+    ("TMPDIR", "/tmp"),
+    ("VIRTUAL_ENV", SANDBOX_ENV),
+    ("PIP_NO_CACHE_DIR", "1"),
+    ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+    ("MPLCONFIGDIR", f"{SANDBOX_ENV}/mpl"),
+    ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
+    ("PYTHONUNBUFFERED", "1"),
+)
+
+
+def sandbox_env(runtime: PythonRuntime) -> tuple[tuple[str, str], ...]:
+    """The whole environment of a sandboxed process; no host variable is copied in.
+
+    An interpreter built with an absolute RUNPATH (pyenv, for one) would find its libpython
+    at the host path, which does not exist inside; the library path points it at the
+    relocated prefix so it never falls back to a different system libpython.
+    """
+    relocated = runtime.base_prefix != Path("/usr")
+    library_path = (("LD_LIBRARY_PATH", f"{SANDBOX_PYTHON_PREFIX}/lib"),) if relocated else ()
+    return (*library_path, *BASE_ENV)
 
 
 def _system_mounts(host_root: Path) -> tuple[tuple[Bind, ...], tuple[Symlink, ...]]:

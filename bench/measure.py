@@ -1,0 +1,183 @@
+"""The three measurements, each taking corral and baseline samples alternately in one run.
+
+Alternating (corral first on even runs, baseline first on odd ones) spreads any drift of the
+machine, such as another process waking up, over both sides instead of one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from bench.baseline import BaselineKernel, BaselineRoots, baseline_kernel
+from bench.memory import MIB, TreeMemory, tree_memory
+from bench.sandboxed import corral_session, kernel_pid
+from corral.kernels.sessions import SessionManager
+
+CODE = "1+1"
+MEMORY_FIELDS = ("pss", "uss", "rss")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many samples to take. All counts are positive."""
+
+    cold_runs: int = 10
+    cold_warmup: int = 1
+    rt_runs: int = 200
+    rt_warmup: int = 5
+    memory_sessions: int = 3
+    settle_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Samples of one metric: corral's and the baseline's, in the same unit."""
+
+    corral: list[float]
+    baseline: list[float]
+
+
+def log(message: str) -> None:
+    """Progress for the person running the bench: stderr, so stdout stays Markdown."""
+    print(message, file=sys.stderr, flush=True)
+
+
+async def alternate(
+    corral: Callable[[], Awaitable[T]],
+    baseline: Callable[[], Awaitable[T]],
+    runs: int,
+    warmup: int = 0,
+) -> tuple[list[T], list[T]]:
+    """`warmup` discarded then `runs` kept samples of each side, alternating which goes first.
+
+    Returns (corral's samples, the baseline's samples), each `runs` long, in run order.
+    """
+    kept: tuple[list[T], list[T]] = ([], [])
+    for index in range(warmup + runs):
+        order = ((corral, kept[0]), (baseline, kept[1]))
+        for sampler, samples in order if index % 2 == 0 else reversed(order):
+            value = await sampler()
+            if index >= warmup:
+                samples.append(value)
+    return kept
+
+
+def to_ms(seconds: tuple[list[float], list[float]]) -> Paired:
+    """Samples in seconds, as a `Paired` in milliseconds."""
+    return Paired([s * 1000 for s in seconds[0]], [s * 1000 for s in seconds[1]])
+
+
+# -- 1. cold session start ----------------------------------------------------------------
+
+
+async def corral_cold_start(manager: SessionManager) -> float:
+    """Seconds of `manager.create()` for a new session; deleting it is not timed."""
+    async with corral_session(manager) as session_id:
+        started = time.perf_counter()
+        await manager.create(session_id)
+        return time.perf_counter() - started
+
+
+async def baseline_cold_start(roots: BaselineRoots) -> float:
+    """Seconds from `start_kernel()` to `wait_for_ready()` returning; stopping is not timed."""
+    async with baseline_kernel(roots) as kernel:
+        started = time.perf_counter()
+        await kernel.start()
+        return time.perf_counter() - started
+
+
+async def measure_cold_start(manager: SessionManager, roots: BaselineRoots, plan: Plan) -> Paired:
+    """Cold start samples in milliseconds, `plan.cold_runs` per side after the warm-up."""
+    log(f"cold start: {plan.cold_warmup} warm-up + {plan.cold_runs} runs per side")
+    seconds = await alternate(
+        lambda: corral_cold_start(manager),
+        lambda: baseline_cold_start(roots),
+        plan.cold_runs,
+        plan.cold_warmup,
+    )
+    return to_ms(seconds)
+
+
+# -- 2. round trip of 1+1 ---------------------------------------------------------------
+
+
+async def corral_round_trip(manager: SessionManager, session_id: str) -> float:
+    """Seconds of one `manager.execute(session_id, "1+1")`; raises if it did not succeed."""
+    started = time.perf_counter()
+    result = await manager.execute(session_id, CODE)
+    elapsed = time.perf_counter() - started
+    if not result.ok or result.kernel_restarted:
+        raise RuntimeError(f"corral's {CODE!r} ended {result.status}: {result.message}")
+    return elapsed
+
+
+async def baseline_round_trip(kernel: BaselineKernel) -> float:
+    """Seconds of one baseline execute of "1+1" (idle on iopub and the shell reply)."""
+    started = time.perf_counter()
+    reply = await kernel.execute(CODE)
+    elapsed = time.perf_counter() - started
+    if reply.get("status") != "ok":
+        raise RuntimeError(f"the baseline's {CODE!r} ended {reply.get('status')}")
+    return elapsed
+
+
+async def measure_round_trip(manager: SessionManager, roots: BaselineRoots, plan: Plan) -> Paired:
+    """Round trip samples in milliseconds on one session and one baseline kernel."""
+    log(f"round trip: {plan.rt_warmup} warm-up + {plan.rt_runs} runs per side")
+    async with corral_session(manager) as session_id, baseline_kernel(roots) as kernel:
+        await manager.create(session_id)
+        await kernel.start()
+        seconds = await alternate(
+            lambda: corral_round_trip(manager, session_id),
+            lambda: baseline_round_trip(kernel),
+            plan.rt_runs,
+            plan.rt_warmup,
+        )
+    return to_ms(seconds)
+
+
+# -- 3. idle memory per session --------------------------------------------------------
+
+
+async def corral_idle_memory(manager: SessionManager, settle_s: float) -> TreeMemory:
+    """Memory of one new, idle session's kernel tree (bwrap and descendants), alone."""
+    async with corral_session(manager) as session_id:
+        await manager.create(session_id)
+        await asyncio.sleep(settle_s)
+        return tree_memory(kernel_pid(manager, session_id))
+
+
+async def baseline_idle_memory(roots: BaselineRoots, settle_s: float) -> TreeMemory:
+    """Memory of one new, idle baseline kernel's process tree, alone."""
+    async with baseline_kernel(roots) as kernel:
+        await kernel.start()
+        await asyncio.sleep(settle_s)
+        if kernel.pid is None:
+            raise RuntimeError("the baseline kernel has no pid")
+        return tree_memory(kernel.pid)
+
+
+async def measure_memory(
+    manager: SessionManager, roots: BaselineRoots, plan: Plan
+) -> dict[str, Paired]:
+    """Memory samples in MiB, keyed "pss", "uss" and "rss", `plan.memory_sessions` per side.
+
+    One kernel runs at a time and is read `plan.settle_s` after it first answered.
+    """
+    log(f"idle memory: {plan.memory_sessions} sessions per side, {plan.settle_s:g} s settle")
+    corral, baseline = await alternate(
+        lambda: corral_idle_memory(manager, plan.settle_s),
+        lambda: baseline_idle_memory(roots, plan.settle_s),
+        plan.memory_sessions,
+    )
+
+    def mib(samples: list[TreeMemory], field: str) -> list[float]:
+        return [getattr(sample, field) / MIB for sample in samples]
+
+    return {field: Paired(mib(corral, field), mib(baseline, field)) for field in MEMORY_FIELDS}

@@ -1,0 +1,141 @@
+"""One benchmark run: set up both sides, take every measurement, clean up, build metrics."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.baseline import BaselineRoots, home_parent
+from bench.measure import (
+    Paired,
+    Plan,
+    measure_cold_start,
+    measure_memory,
+    measure_round_trip,
+)
+from bench.report import Metric
+from bench.sandboxed import corral_manager
+from bench.stats import Summary
+
+
+async def collect(plan: Plan) -> dict[str, Paired]:
+    """All samples of one run, keyed "cold_start", "round_trip", "pss", "uss" and "rss".
+
+    Temporary state, run and baseline directories are removed and every kernel is stopped
+    before this returns or raises.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+    roots = BaselineRoots(
+        sockets=Path(tempfile.mkdtemp(prefix="crbb", dir="/tmp")),
+        homes=Path(tempfile.mkdtemp(prefix="crbh", dir=home_parent())),
+    )
+    try:
+        async with corral_manager(workdir) as manager:
+            samples = {
+                "cold_start": await measure_cold_start(manager, roots, plan),
+                "round_trip": await measure_round_trip(manager, roots, plan),
+            }
+            samples.update(await measure_memory(manager, roots, plan))
+            return samples
+    finally:
+        shutil.rmtree(roots.sockets, ignore_errors=True)
+        shutil.rmtree(roots.homes, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def build_metrics(samples: dict[str, Paired]) -> list[Metric]:
+    """The reported metrics from the samples of `collect`."""
+
+    def both(key: str) -> tuple[Summary, Summary]:
+        return Summary.of(samples[key].corral), Summary.of(samples[key].baseline)
+
+    memory_shown = ((50, "median"),)
+    return [
+        Metric(
+            "cold_start",
+            "Cold session start",
+            "ms",
+            "From asking for a new session to a kernel that answers kernel_info. corral: "
+            "SessionManager.create(); baseline: start_kernel() + wait_for_ready().",
+            *both("cold_start"),
+            shown=((50, "p50"), (95, "p95")),
+            digits=1,
+        ),
+        Metric(
+            "round_trip_1plus1",
+            "`1+1` round trip",
+            "ms",
+            "One execution of 1+1 until iopub is idle and the shell reply is in. corral: "
+            "SessionManager.execute(); baseline: client.execute() and reading the replies.",
+            *both("round_trip"),
+            shown=((50, "p50"), (99, "p99")),
+            digits=2,
+        ),
+        Metric(
+            "idle_pss_per_session",
+            "Idle PSS per session",
+            "MiB",
+            "Proportional set size summed over the kernel's whole process tree (corral: the "
+            "outer bwrap and its descendants), one idle kernel at a time.",
+            *both("pss"),
+            shown=memory_shown,
+            digits=1,
+        ),
+        Metric(
+            "idle_uss_per_session",
+            "Idle USS per session",
+            "MiB",
+            "Unique set size summed over the same process tree.",
+            *both("uss"),
+            shown=memory_shown,
+            digits=1,
+            in_table=False,
+        ),
+        Metric(
+            "idle_rss_per_session",
+            "Idle RSS per session",
+            "MiB",
+            "Resident set size summed over the same process tree (shared pages counted in "
+            "full by every process).",
+            *both("rss"),
+            shown=memory_shown,
+            digits=1,
+            in_table=False,
+        ),
+    ]
+
+
+def run_config(plan: Plan, *, quick: bool, total_s: float) -> dict[str, Any]:
+    """The plan as recorded in the results, with the mode and the run's wall time."""
+    return {"quick": quick, **asdict(plan), "total_s": round(total_s, 1)}
+
+
+def notes(plan: Plan, metrics: list[Metric]) -> list[str]:
+    """The lines under the table: the overhead ratio and how the figures were taken."""
+    by_key = {metric.key: metric for metric in metrics}
+    trip = by_key["round_trip_1plus1"]
+    overhead = trip.ratio(50)
+    overhead_text = "n/a" if overhead is None else f"{overhead:.2f}×"
+    return [
+        f"In-process round-trip overhead, sandboxed/baseline at p50: **{overhead_text}** "
+        f"({trip.difference(50):+.2f} ms per execution; p99 ratio "
+        f"{_ratio_text(trip.ratio(99))}).",
+        "Baseline: an unsandboxed kernel from plain jupyter_client (`AsyncKernelManager`, "
+        "the same interpreter and `ipykernel_launcher`, ipc transport, a fresh home per "
+        f"kernel under {home_parent()}, as the sandbox's home is a fresh tmpfs), measured in "
+        "the same run, alternating with corral run by run.",
+        f"Cold start: {plan.cold_runs} runs per side after {plan.cold_warmup} discarded "
+        "warm-up; a new session or kernel each time, stopped outside the timed part.",
+        f"Round trip: {plan.rt_runs} runs per side after {plan.rt_warmup} warm-up runs, on "
+        "one session and one baseline kernel.",
+        f"Memory: median of {plan.memory_sessions} kernels per side, each alone and measured "
+        f"{plan.settle_s:g} s after it first answered; psutil `memory_full_info()` over "
+        "`children(recursive=True)` plus the root. USS and RSS are in latest.json.",
+    ]
+
+
+def _ratio_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}×"
