@@ -41,6 +41,8 @@ class Store:
                 path, timeout=10, check_same_thread=False, isolation_level=None
             )
             self._db.execute("PRAGMA journal_mode=WAL")
+            # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=10000")
             self._db.executescript(_SCHEMA)
         except sqlite3.Error as exc:
