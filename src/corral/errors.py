@@ -2,12 +2,15 @@
 
     CorralError
     ├── InvalidInput            the caller sent something malformed (bad id, bad path, bad value)
+    │   └── PathRefused         a workspace path that escapes (absolute, '..', through a link)
     ├── NotFound                a named thing does not exist
-    │   └── SessionNotFound
+    │   ├── SessionNotFound
+    │   └── FileNotFoundInWorkspace
     ├── Conflict                the request contradicts current state
     │   └── SessionExists
     ├── CapacityExceeded        a configured maximum was reached
-    │   └── TooManySessions
+    │   ├── TooManySessions
+    │   └── TooLarge            an upload, file or request body past its cap
     └── SandboxError            corral itself could not do its job (never the user's code)
         ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
         ├── KernelStartFailed   a kernel did not come up inside its sandbox
@@ -77,3 +80,15 @@ class KernelStartFailed(SandboxError):
 
 class KernelUnreachable(SandboxError):
     """A kernel stopped answering before the code was sent to it."""
+
+
+class PathRefused(InvalidInput):
+    """A workspace path that is absolute, climbs out with '..', or goes through a link."""
+
+
+class FileNotFoundInWorkspace(NotFound):
+    """No such file or directory in the session's workspace."""
+
+
+class TooLarge(CapacityExceeded):
+    """An upload, a file or a request body is past its size cap."""
