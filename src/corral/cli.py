@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
 import sys
 import tempfile
@@ -20,12 +21,15 @@ from rich.console import Console
 from rich.table import Table
 
 from corral import __version__
+from corral.audit import AuditLog
+from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks
 from corral.errors import CorralError, InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.service import Service
 from corral.store import Store
+from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
 
 EXIT_FOR_STATUS = {"ok": 0, "error": 1, "timeout": 3, "interrupted": 4, "died": 4}
 EXIT_CORRAL_ERROR = 5
@@ -164,25 +168,122 @@ def sessions_delete(session_id: str) -> None:
 
 
 @main.command()
-def serve() -> None:
-    """Check the host, then run a demo execution (the server arrives with the server issue)."""
+@click.option("--host", default=None, help="Address to bind (default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8222).")
+@click.option(
+    "--allow-remote", is_flag=True, help="Required to bind an address other than loopback."
+)
+def serve(host: str | None, port: int | None, allow_remote: bool) -> None:
+    """Run the server: MCP at /mcp and the REST API, on 127.0.0.1:8222 by default."""
+    from corral.server.app import serve as run_server
+
     settings = _settings()
-    checks = run_checks(settings)
-    for check in checks:
-        mark = "ok" if check.ok else "FAILED"
-        click.echo(f"{mark:>6}  {check.name}: {check.detail}")
-    if not all(check.ok for check in checks):
-        sys.exit(1)
-    result = _call(
-        _run_once(
-            replace(settings, state_dir=settings.state_dir / "demo"),
-            "import sys, platform\nprint('corral sandbox:', platform.node(), "
-            "sys.version.split()[0])\n1 + 1",
-            "python",
-            None,
+    settings = replace(settings, host=host or settings.host, port=port or settings.port)
+    if not is_loopback(settings.host):
+        if not allow_remote:
+            raise click.UsageError(
+                f"{settings.host} is not a loopback address; pass "
+                "--allow-remote to expose corral beyond this machine"
+            )
+        err.print(
+            f"[bold red]warning:[/bold red] corral listens on {settings.host}: anyone "
+            "who can reach it and holds a token can run code here"
         )
+    tokens, problem = _tokens_or_problem(settings)
+    url = f"http://{_url_host(settings.host)}:{settings.port}/mcp"
+    err.print(f"corral {__version__}: MCP at {url}, REST at {url[:-4]}/v1")
+    err.print(
+        f"agent token in {token_path(settings.config_dir, Role.AGENT)}; "
+        "'corral mcp-config CLIENT' prints a ready client snippet"
     )
-    _print_result(result)
+    run_server(settings, Service(settings), tokens, problem)
+
+
+@main.command("mcp-stdio")
+def mcp_stdio() -> None:
+    """Serve the MCP tools over standard input and output (for clients that only speak stdio)."""
+    import anyio
+
+    from corral.server.mcp import build_mcp
+
+    async def run() -> None:
+        async with Service(_settings()) as service:
+            await build_mcp(service).run_stdio_async()
+
+    anyio.run(run)
+
+
+@main.command("mcp-config")
+@click.argument("client", type=click.Choice(sorted(RENDERERS)))
+def mcp_config(client: str) -> None:
+    """Print a ready configuration snippet for CLIENT, with the agent token filled in."""
+    settings = _settings()
+    tokens, problem = _tokens_or_problem(settings)
+    if tokens is None:
+        raise click.ClickException(f"no usable token: {problem}")
+    url = f"http://{_url_host(settings.host)}:{settings.port}/mcp"
+    click.echo(client_config(client, url, tokens.agent), nl=False)
+
+
+@main.command()
+@click.option("--kind", type=click.Choice(["execution", "session", "admin", "network"]))
+@click.option("--session", "session_id", default=None)
+@click.option("--net", is_flag=True, help="Only network decisions (same as --kind network).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50)
+@click.option("--before-id", type=int, default=None, help="Page: entries older than this id.")
+@click.option("--json", "as_json", is_flag=True)
+def audit(
+    kind: str | None,
+    session_id: str | None,
+    net: bool,
+    limit: int,
+    before_id: int | None,
+    as_json: bool,
+) -> None:
+    """List the audit log, newest first."""
+    log = AuditLog(_settings().db_path)
+    try:
+        page = log.query(
+            kind="network" if net else kind, session=session_id, limit=limit, before_id=before_id
+        )
+    except CorralError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        log.close()
+    if as_json:
+        click.echo(json.dumps(page.to_dict(), indent=2))
+        return
+    table = Table(title="audit log")
+    for column in ("id", "when", "kind", "session", "actor", "what"):
+        table.add_column(column)
+    for entry in page.entries:
+        what = entry.action or ""
+        if entry.status:
+            what += f" {entry.status} {entry.duration_s or 0:.3f}s"
+        table.add_row(
+            str(entry.id), _when(entry.at), entry.kind, entry.session or "", entry.actor, what
+        )
+    out.print(table)
+    if page.next_before_id is not None:
+        out.print(f"more: corral audit --before-id {page.next_before_id}")
+
+
+def _tokens_or_problem(settings: Settings) -> tuple[Tokens | None, str | None]:
+    try:
+        return load_tokens(settings.config_dir), None
+    except TokenError as exc:
+        return None, str(exc)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 async def _with_service(action: Any) -> Any:

@@ -24,6 +24,9 @@ class Settings:
 
     state_dir: Path
     run_root: Path
+    config_dir: Path = Path("/nonexistent")
+    host: str = "127.0.0.1"
+    port: int = 8222
     bwrap: str | None = None
     max_sessions: int = 16
     idle_timeout_s: float = 3600.0
@@ -33,6 +36,10 @@ class Settings:
     max_output_bytes: int = 1_000_000
     tmp_size_bytes: int = 512 * MIB
     home_size_bytes: int = 128 * MIB
+    progress_interval_s: float = 5.0
+    max_body_bytes: int = 10 * MIB
+    max_upload_bytes: int = 100 * MIB
+    allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated
 
     @property
     def sessions_dir(self) -> Path:
@@ -46,11 +53,15 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Defaults, overridden by `CORRAL_*` variables. Raises `InvalidInput` on a bad value."""
         env = os.environ if env is None else env
-        settings = cls(state_dir=_default_state_dir(env), run_root=_default_run_root(env))
+        settings = cls(
+            state_dir=_default_state_dir(env),
+            run_root=_default_run_root(env),
+            config_dir=_default_config_dir(env),
+        )
         overrides: dict[str, object] = {}
         for spec in fields(cls):
             raw = env.get(f"CORRAL_{spec.name.upper()}")
-            if raw is None or spec.name in ("state_dir", "run_root"):
+            if raw is None or spec.name in ("state_dir", "run_root", "config_dir"):
                 continue
             overrides[spec.name] = _parse(spec.name, raw, getattr(settings, spec.name))
         return replace(settings, **overrides)  # type: ignore[arg-type]
@@ -64,8 +75,10 @@ def _parse(name: str, raw: str, default: object) -> object:
             value: float = int(raw)
         elif isinstance(default, float):
             value = float(raw)
+        elif default is None or isinstance(default, str):
+            return raw or default
         else:
-            return raw or None
+            return raw
     except ValueError as exc:
         raise InvalidInput(f"CORRAL_{name.upper()}={raw!r} is not a number") from exc
     if value <= 0:
@@ -77,6 +90,12 @@ def _default_state_dir(env: Mapping[str, str]) -> Path:
     if env.get("CORRAL_STATE_DIR"):
         return Path(env["CORRAL_STATE_DIR"]).absolute()
     return Path(platformdirs.user_state_dir("corral", appauthor=False))
+
+
+def _default_config_dir(env: Mapping[str, str]) -> Path:
+    if env.get("CORRAL_CONFIG_DIR"):
+        return Path(env["CORRAL_CONFIG_DIR"]).absolute()
+    return Path(platformdirs.user_config_dir("corral", appauthor=False))
 
 
 def _default_run_root(env: Mapping[str, str]) -> Path:

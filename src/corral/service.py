@@ -1,25 +1,34 @@
 """The one API of corral: REST, MCP and the CLI are thin callers of `Service`.
 
-It owns the session manager and turns its lifecycle into an async context manager.
-Errors it raises are `corral.errors` classes; the edges map them to their own forms.
+It owns the session manager, the audit log and the workspace file API, and turns their
+lifecycle into an async context manager. Errors it raises are `corral.errors` classes; the
+edges map them to their own forms.
 """
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
+from typing import Any
 
+from corral.audit import AuditLog
 from corral.config import Settings
+from corral.errors import CorralError
+from corral.files import Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
-from corral.kernels.sessions import SessionInfo, SessionManager
+from corral.kernels.sessions import SessionInfo, SessionManager, validate_language
+
+log = logging.getLogger(__name__)
 
 
 class Service:
-    """Sessions and execution for one corral server (or one CLI command)."""
+    """Sessions, execution, files and the audit log for one corral server (or CLI command)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sessions = SessionManager(settings)
+        self.audit = AuditLog(settings.db_path)
 
     async def __aenter__(self) -> Service:
         await self.sessions.open()
@@ -32,6 +41,9 @@ class Service:
         tb: TracebackType | None,
     ) -> None:
         await self.sessions.close()
+        self.audit.close()
+
+    # -- execution -----------------------------------------------------------------------
 
     async def execute(
         self,
@@ -41,17 +53,50 @@ class Service:
         language: str = "python",
         timeout_s: float | None = None,
         on_output: OutputHook | None = None,
+        actor: str = "agent",
     ) -> ExecutionResult:
-        """Run code in a session (the default one when `session_id` is None)."""
-        return await self.sessions.execute(
+        """Run code in a session (the default one when `session_id` is None), and audit it."""
+        result = await self.sessions.execute(
             session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
         )
+        self._audit_execution(result, code, actor)
+        return result
 
-    async def create_session(self, session_id: str | None = None) -> SessionInfo:
-        return await self.sessions.create(session_id)
+    def check_execute(self, session_id: str | None, language: str, timeout_s: float | None) -> None:
+        """Raise now what `execute` would raise before running, so a stream can start clean."""
+        validate_language(language)
+        self.sessions.limits_for(timeout_s)
+        if session_id is not None:
+            self.sessions.get(session_id)
 
-    async def start_session(self, session_id: str) -> SessionInfo:
-        return await self.sessions.start(session_id)
+    def _audit_execution(self, result: ExecutionResult, code: str, actor: str) -> None:
+        try:
+            self.audit.record_execution(
+                result.session_id,
+                result.language,
+                code,
+                status=result.status,
+                duration_s=result.duration_s,
+                output_bytes=result.output_bytes,
+                actor=actor,
+                at=result.started_at or None,
+            )
+        except CorralError:
+            log.exception("the audit log refused an execution record")
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str | None = None, *, actor: str = "agent"
+    ) -> SessionInfo:
+        info = await self.sessions.create(session_id)
+        self._audit_session(info.id, "created", actor)
+        return info
+
+    async def start_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
+        info = await self.sessions.start(session_id)
+        self._audit_session(info.id, "started", actor)
+        return info
 
     def list_sessions(self) -> list[SessionInfo]:
         return self.sessions.list_sessions()
@@ -59,11 +104,61 @@ class Service:
     def get_session(self, session_id: str) -> SessionInfo:
         return self.sessions.get(session_id)
 
-    async def stop_session(self, session_id: str) -> SessionInfo:
-        return await self.sessions.stop(session_id)
+    async def stop_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
+        info = await self.sessions.stop(session_id)
+        self._audit_session(info.id, "stopped", actor)
+        return info
 
-    async def restart_session(self, session_id: str) -> SessionInfo:
-        return await self.sessions.restart(session_id)
+    async def restart_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
+        info = await self.sessions.restart(session_id)
+        self._audit_session(info.id, "restarted", actor)
+        return info
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, *, actor: str = "agent") -> None:
         await self.sessions.delete(session_id)
+        self._audit_session(session_id, "deleted", actor)
+
+    def _audit_session(self, session_id: str, event: str, actor: str) -> None:
+        try:
+            self.audit.record_session(session_id, event, actor=actor)
+        except CorralError:
+            log.exception("the audit log refused a session record")
+
+    # -- files -----------------------------------------------------------------------------
+
+    def workspace(self, session_id: str | None) -> Workspace:
+        """The file API of a session's workspace (the default session's when None)."""
+        info = self.sessions.session_for(session_id).info()
+        return Workspace(info.workspace, max_file_bytes=self.settings.max_upload_bytes)
+
+    def list_files(
+        self, session_id: str | None, path: str = ".", *, recursive: bool = False
+    ) -> dict[str, Any]:
+        listing = self.workspace(session_id).list(path, recursive=recursive)
+        return {
+            "entries": [entry.to_dict() for entry in listing.entries],
+            "truncated": listing.truncated,
+        }
+
+    def read_file(self, session_id: str | None, path: str) -> bytes:
+        return self.workspace(session_id).read(path)
+
+    def write_file(self, session_id: str | None, path: str, data: bytes) -> dict[str, Any]:
+        return self.workspace(session_id).write(path, data).to_dict()
+
+    def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
+        self.workspace(session_id).delete(path, recursive=recursive)
+
+    # -- audit -----------------------------------------------------------------------------
+
+    def audit_page(
+        self,
+        *,
+        kind: str | None = None,
+        session: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        return self.audit.query(
+            kind=kind, session=session, before_id=before_id, limit=limit
+        ).to_dict()

@@ -20,6 +20,7 @@ from typing import Any
 from corral.config import Settings
 from corral.errors import (
     InvalidInput,
+    KernelStartFailed,
     KernelUnreachable,
     SessionExists,
     SessionNotFound,
@@ -120,6 +121,7 @@ class SessionManager:
         self.store = Store(settings.db_path)
         self.identity_dir = settings.state_dir / "sandbox-etc"
         self.sessions: dict[str, Session] = {}
+        self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
@@ -208,13 +210,13 @@ class SessionManager:
         Creates the default session on first use; a named session must exist.
         """
         language = validate_language(language)
-        session = self._session_for(session_id)
+        session = self.session_for(session_id)
         queued = time.monotonic()
         async with session.lock:
             result = ExecutionResult(language=language, session_id=session.record.id)
             result.queued_s = time.monotonic() - queued
             restarted = await self._ensure_kernel(session, language)
-            limits = self._limits(timeout_s)
+            limits = self.limits_for(timeout_s)
             try:
                 outcome = await run_code(session.kernels[language], code, limits, result, on_output)
             except KernelUnreachable:
@@ -228,7 +230,8 @@ class SessionManager:
             self._touch(session)
             return outcome.result
 
-    def _limits(self, timeout_s: float | None) -> ExecutionLimits:
+    def limits_for(self, timeout_s: float | None) -> ExecutionLimits:
+        """The limits of one execution; raises `InvalidInput` for a timeout past the cap."""
         if timeout_s is not None and not 0 < timeout_s <= self.settings.exec_timeout_s:
             raise InvalidInput(
                 f"timeout must be between 0 and {self.settings.exec_timeout_s:g} seconds"
@@ -290,9 +293,11 @@ class SessionManager:
             )
             await kernel.start(self.settings.kernel_start_timeout_s)
             session.kernels[language] = kernel
-            session.failed = None
+            session.failed = self.last_start_failure = None
         except Exception as exc:
             session.failed = str(exc)
+            if isinstance(exc, KernelStartFailed):
+                self.last_start_failure = str(exc)
             raise
         finally:
             session.starting = False
@@ -334,7 +339,8 @@ class SessionManager:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _session_for(self, session_id: str | None) -> Session:
+    def session_for(self, session_id: str | None) -> Session:
+        """The named session, or the default one (registered on first use) for None."""
         if session_id is None:
             if DEFAULT_SESSION not in self.sessions:
                 self._register(DEFAULT_SESSION)

@@ -1,0 +1,473 @@
+"""The audit log: what ran, what happened to sessions, what the operator changed.
+
+One SQLite table, `audit`, in the same database file as the session store (`Settings.db_path`)
+but with its own connection. Every entry has a `kind`:
+
+    execution   code sent to a kernel: language, the code as sent, status, duration, output bytes
+    session     a session event (created, started, stopped, restarted, deleted, idle-stopped)
+    admin       an operator action: its name, its target and a JSON detail
+    network     an egress decision (recorded through `record`; detail: host, port, address, ...)
+
+Columns shared by every kind: `id`, `at` (epoch seconds), `kind`, `session`, `actor`, `action`
+(the event or action name), `target` and `detail` (a JSON object). Executions also fill
+`language`, `code`, `duration_s`, `status` and `output_bytes`. Ids only grow, so `id` orders
+entries by the time they were recorded and is the paging cursor.
+
+The log is bounded: rows older than `max_age_s` and the oldest rows past `max_rows` are removed
+on open and every `ROTATE_EVERY_WRITES` writes, never on every write. Code past
+`MAX_CODE_BYTES` is stored truncated, with a marker saying how many bytes were cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any, Final
+
+from corral.errors import InvalidInput, SandboxError
+
+KINDS: Final = ("execution", "session", "admin", "network")
+# "system" is corral acting on its own, e.g. stopping an idle session.
+ACTORS: Final = ("agent", "admin", "cli", "system")
+SESSION_EVENTS: Final = ("created", "started", "stopped", "restarted", "deleted", "idle-stopped")
+STATUSES: Final = ("ok", "error", "timeout", "interrupted", "died")
+
+MAX_CODE_BYTES: Final = 1024 * 1024
+MAX_QUERY_LIMIT: Final = 1000
+ROTATE_EVERY_WRITES: Final = 500
+
+_log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    session TEXT,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT,
+    detail TEXT NOT NULL DEFAULT '{}',
+    language TEXT,
+    code TEXT,
+    duration_s REAL,
+    status TEXT,
+    output_bytes INTEGER
+);
+CREATE INDEX IF NOT EXISTS audit_kind_id ON audit(kind, id);
+CREATE INDEX IF NOT EXISTS audit_session_id ON audit(session, id);
+CREATE INDEX IF NOT EXISTS audit_at ON audit(at);
+"""
+
+_COLUMNS = (
+    "id, at, kind, session, actor, action, target, detail, "
+    "language, code, duration_s, status, output_bytes"
+)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of the log. The execution fields are None for every other kind."""
+
+    id: int
+    at: float
+    kind: str
+    actor: str
+    action: str
+    session: str | None = None
+    target: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    language: str | None = None
+    code: str | None = None
+    duration_s: float | None = None
+    status: str | None = None
+    output_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with every field, `detail` decoded."""
+        return {
+            "id": self.id,
+            "at": self.at,
+            "kind": self.kind,
+            "session": self.session,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "detail": dict(self.detail),
+            "language": self.language,
+            "code": self.code,
+            "duration_s": self.duration_s,
+            "status": self.status,
+            "output_bytes": self.output_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    """Entries newest first; pass `next_before_id` as `before_id` for the next page."""
+
+    entries: tuple[AuditEntry, ...]
+    next_before_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entries": [entry.to_dict() for entry in self.entries],
+            "next_before_id": self.next_before_id,
+        }
+
+
+class AuditLog:
+    """The audit table in the database at `path`; safe to share between threads of one process.
+
+    Every `record*` method returns the new entry's id, raises `InvalidInput` for a malformed
+    argument and `SandboxError` when the database refuses the write; the caller decides whether
+    to go on without an audit entry. `at` defaults to now; tests and imports may pass it.
+    """
+
+    def __init__(
+        self, path: Path, *, max_rows: int = 100_000, max_age_s: float = 30 * 86400
+    ) -> None:
+        if max_rows <= 0 or not max_age_s > 0:
+            raise InvalidInput(
+                f"the audit log needs positive limits, not max_rows={max_rows} "
+                f"and max_age_s={max_age_s}"
+            )
+        self._max_rows = max_rows
+        self._max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._writes_since_rotation = 0
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(
+                path, timeout=10, check_same_thread=False, isolation_level=None
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise SandboxError(f"cannot open the audit log in {path}: {exc}") from exc
+        try:
+            self.rotate()
+        except SandboxError:
+            self._db.close()
+            raise
+
+    def record_execution(
+        self,
+        session: str,
+        language: str,
+        code: str,
+        *,
+        status: str,
+        duration_s: float,
+        output_bytes: int,
+        actor: str = "agent",
+        at: float | None = None,
+    ) -> int:
+        """Record code sent to a kernel; `at` is when it started, `duration_s` how long it ran."""
+        if status not in STATUSES:
+            raise InvalidInput(f"unknown execution status {status!r}; expected one of {STATUSES}")
+        if not language:
+            raise InvalidInput("an execution needs a language")
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            raise InvalidInput(f"duration_s must be a non-negative number, not {duration_s!r}")
+        if output_bytes < 0:
+            raise InvalidInput(f"output_bytes must not be negative, not {output_bytes}")
+        stored, detail = _bound_code(code)
+        return self._insert(
+            kind="execution",
+            actor=actor,
+            action="execute",
+            session=session,
+            target=None,
+            detail=detail,
+            at=at,
+            execution=(language, stored, float(duration_s), status, output_bytes),
+        )
+
+    def record_session(
+        self,
+        session: str,
+        event: str,
+        *,
+        actor: str,
+        detail: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
+        """Record a session event, one of `SESSION_EVENTS`."""
+        return self.record(
+            "session", actor=actor, action=event, session=session, detail=detail, at=at
+        )
+
+    def record_admin(
+        self,
+        action: str,
+        target: str | None,
+        *,
+        actor: str = "admin",
+        detail: Mapping[str, Any] | None = None,
+        session: str | None = None,
+        at: float | None = None,
+    ) -> int:
+        """Record an operator action on `target`; `session` when it concerns one session."""
+        return self.record(
+            "admin",
+            actor=actor,
+            action=action,
+            session=session,
+            target=target,
+            detail=detail,
+            at=at,
+        )
+
+    def record(
+        self,
+        kind: str,
+        *,
+        actor: str,
+        action: str,
+        session: str | None = None,
+        target: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
+        """Record an entry of any kind but "execution" (which needs `record_execution`)."""
+        if kind == "execution":
+            raise InvalidInput("executions are recorded with record_execution")
+        _check_kind(kind)
+        if kind == "session" and action not in SESSION_EVENTS:
+            raise InvalidInput(
+                f"unknown session event {action!r}; expected one of {SESSION_EVENTS}"
+            )
+        if not action:
+            raise InvalidInput(f"an audit entry of kind {kind!r} needs an action")
+        return self._insert(
+            kind=kind,
+            actor=actor,
+            action=action,
+            session=session,
+            target=target,
+            detail={} if detail is None else detail,
+            at=at,
+            execution=None,
+        )
+
+    def query(
+        self,
+        *,
+        kind: str | None = None,
+        session: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> AuditPage:
+        """Entries newest first (by id), with `since <= at < until` and `id < before_id`.
+
+        `limit` is capped at `MAX_QUERY_LIMIT`. Raises `InvalidInput` for an unknown kind, a
+        limit or before_id below 1, or since after until.
+        """
+        if kind is not None:
+            _check_kind(kind)
+        if isinstance(limit, bool) or limit <= 0:
+            raise InvalidInput(f"limit must be a positive integer, not {limit!r}")
+        if before_id is not None and before_id <= 0:
+            raise InvalidInput(f"before_id must be a positive integer, not {before_id!r}")
+        if since is not None and until is not None and since > until:
+            raise InvalidInput(f"since ({since}) is after until ({until})")
+        limit = min(limit, MAX_QUERY_LIMIT)
+        where, params = _where(
+            kind=kind, session=session, since=since, until=until, before_id=before_id
+        )
+        sql = f"SELECT {_COLUMNS} FROM audit{where} ORDER BY id DESC LIMIT ?"  # noqa: S608
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*params, limit + 1)).fetchall()
+        except sqlite3.Error as exc:
+            raise SandboxError(f"cannot read the audit log: {exc}") from exc
+        entries = tuple(_entry(row) for row in rows[:limit])
+        more = len(rows) > limit
+        return AuditPage(entries=entries, next_before_id=entries[-1].id if more else None)
+
+    def rotate(self, *, now: float | None = None) -> int:
+        """Remove rows older than `max_age_s` and the oldest past `max_rows`; return how many.
+
+        Runs on open and every `ROTATE_EVERY_WRITES` writes; callers rarely need it.
+        """
+        cutoff = (time.time() if now is None else now) - self._max_age_s
+        try:
+            with self._lock:
+                self._writes_since_rotation = 0
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    removed = self._db.execute("DELETE FROM audit WHERE at < ?", (cutoff,)).rowcount
+                    removed += self._db.execute(
+                        "DELETE FROM audit WHERE id <= "
+                        "(SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                        (self._max_rows,),
+                    ).rowcount
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise SandboxError(f"cannot rotate the audit log: {exc}") from exc
+        return removed
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _insert(
+        self,
+        *,
+        kind: str,
+        actor: str,
+        action: str,
+        session: str | None,
+        target: str | None,
+        detail: Mapping[str, Any],
+        at: float | None,
+        execution: tuple[str, str, float, str, int] | None,
+    ) -> int:
+        if actor not in ACTORS:
+            raise InvalidInput(f"unknown actor {actor!r}; expected one of {ACTORS}")
+        when = time.time() if at is None else float(at)
+        if not math.isfinite(when):
+            raise InvalidInput(f"at must be a finite time, not {at!r}")
+        language, code, duration_s, status, output_bytes = execution or (None,) * 5
+        params = (
+            when,
+            kind,
+            session,
+            actor,
+            action,
+            target,
+            _encode_detail(detail),
+            language,
+            code,
+            duration_s,
+            status,
+            output_bytes,
+        )
+        try:
+            with self._lock:
+                cursor = self._db.execute(
+                    "INSERT INTO audit(at, kind, session, actor, action, target, detail, "
+                    "language, code, duration_s, status, output_bytes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    params,
+                )
+                self._writes_since_rotation += 1
+                due = self._writes_since_rotation >= ROTATE_EVERY_WRITES
+        except (sqlite3.Error, UnicodeEncodeError) as exc:
+            raise SandboxError(f"the audit log refused a {kind} entry: {exc}") from exc
+        if due:
+            self._rotate_quietly()
+        new_id = cursor.lastrowid
+        if new_id is None:  # only after a non-INSERT statement, so never here
+            raise SandboxError(f"the audit log returned no id for a {kind} entry")
+        return new_id
+
+    def _rotate_quietly(self) -> None:
+        # The entry is already written; a failed rotation is retried after the next batch.
+        try:
+            self.rotate()
+        except SandboxError:
+            _log.warning("audit log rotation failed", exc_info=True)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise InvalidInput(f"unknown audit kind {kind!r}; expected one of {KINDS}")
+
+
+def _bound_code(code: str) -> tuple[str, dict[str, Any]]:
+    """The code to store and a detail saying what was changed, if anything."""
+    detail: dict[str, Any] = {}
+    try:
+        raw = code.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (valid in JSON, not in UTF-8): keep them visible as escapes.
+        raw = code.encode("utf-8", "backslashreplace")
+        code = raw.decode("utf-8")
+        detail["code_escaped"] = True
+    if len(raw) <= MAX_CODE_BYTES:
+        return code, detail
+    kept = raw[:MAX_CODE_BYTES].decode("utf-8", "ignore")
+    cut = len(raw) - len(kept.encode("utf-8"))
+    detail.update(code_bytes=len(raw), code_cut_bytes=cut)
+    return f"{kept}\n[corral audit: {cut} more bytes of code not stored]", detail
+
+
+def _encode_detail(detail: Mapping[str, Any]) -> str:
+    if not isinstance(detail, Mapping):
+        raise InvalidInput(f"an audit detail must be a JSON object, not {type(detail).__name__}")
+    try:
+        return json.dumps(dict(detail), allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"an audit detail must be JSON-serialisable: {exc}") from exc
+
+
+def _where(
+    *,
+    kind: str | None,
+    session: str | None,
+    since: float | None,
+    until: float | None,
+    before_id: int | None,
+) -> tuple[str, list[object]]:
+    clauses: list[str] = []
+    params: list[object] = []
+    for clause, value in (
+        ("kind = ?", kind),
+        ("session = ?", session),
+        ("at >= ?", since),
+        ("at < ?", until),
+        ("id < ?", before_id),
+    ):
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _entry(row: tuple[Any, ...]) -> AuditEntry:
+    (id_, at, kind, session, actor, action, target, detail, *execution) = row
+    language, code, duration_s, status, output_bytes = execution
+    return AuditEntry(
+        id=id_,
+        at=at,
+        kind=kind,
+        actor=actor,
+        action=action,
+        session=session,
+        target=target,
+        detail=MappingProxyType(json.loads(detail)),
+        language=language,
+        code=code,
+        duration_s=duration_s,
+        status=status,
+        output_bytes=output_bytes,
+    )

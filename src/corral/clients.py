@@ -1,0 +1,95 @@
+"""Ready-to-paste MCP client configurations, with the URL and the agent token filled in."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Callable
+
+from corral.errors import InvalidInput
+
+
+def _http_entry(url: str, token: str, url_key: str = "url") -> dict[str, object]:
+    return {url_key: url, "headers": {"Authorization": f"Bearer {token}"}}
+
+
+def _claude_code(url: str, token: str) -> str:
+    header = shlex.quote(f"Authorization: Bearer {token}")
+    return f"claude mcp add --transport http corral {url} --header {header}\n"
+
+
+def _claude_desktop(url: str, token: str) -> str:
+    # Claude Desktop's config file starts local servers over stdio.
+    config = {
+        "mcpServers": {
+            "corral": {
+                "command": sys.argv[0] if sys.argv[0].endswith("corral") else "corral",
+                "args": ["mcp-stdio"],
+            }
+        }
+    }
+    return (
+        "# claude_desktop_config.json (stdio: Desktop starts corral itself)\n"
+        + json.dumps(config, indent=2)
+        + "\n"
+    )
+
+
+def _json_config(
+    path_note: str, key: str, entry: Callable[[str, str], dict[str, object]]
+) -> Callable[[str, str], str]:
+    def render(url: str, token: str) -> str:
+        return (
+            f"# {path_note}\n" + json.dumps({key: {"corral": entry(url, token)}}, indent=2) + "\n"
+        )
+
+    return render
+
+
+def _opencode_entry(url: str, token: str) -> dict[str, object]:
+    return {"type": "remote", "enabled": True, **_http_entry(url, token)}
+
+
+def _openai_agents(url: str, token: str) -> str:
+    return f'''# pip install openai-agents
+import asyncio
+
+from agents import Agent, Runner
+from agents.mcp import MCPServerStreamableHttp
+
+
+async def main() -> None:
+    params = {{"url": "{url}", "headers": {{"Authorization": "Bearer {token}"}}}}
+    async with MCPServerStreamableHttp(params=params, name="corral") as corral:
+        agent = Agent(name="analyst", instructions="Run code with corral's tools.",
+                      mcp_servers=[corral])
+        result = await Runner.run(agent, "Compute the 20th Fibonacci number in Python.")
+        print(result.final_output)
+
+
+asyncio.run(main())
+'''
+
+
+RENDERERS: dict[str, Callable[[str, str], str]] = {
+    "claude-code": _claude_code,
+    "claude-desktop": _claude_desktop,
+    "cursor": _json_config("~/.cursor/mcp.json", "mcpServers", _http_entry),
+    "gemini": _json_config(
+        "~/.gemini/settings.json",
+        "mcpServers",
+        lambda url, token: _http_entry(url, token, "httpUrl"),
+    ),
+    "opencode": _json_config("opencode.json", "mcp", _opencode_entry),
+    "kiro": _json_config(".kiro/settings/mcp.json", "mcpServers", _http_entry),
+    "openai-agents": _openai_agents,
+}
+
+
+def client_config(client: str, url: str, token: str) -> str:
+    """The snippet for `client`; raises `InvalidInput` naming the known clients."""
+    renderer = RENDERERS.get(client)
+    if renderer is None:
+        raise InvalidInput(f"unknown client {client!r}: choose one of {', '.join(RENDERERS)}")
+    return renderer(url, token)

@@ -1,0 +1,129 @@
+"""Assembling the server: REST, coderunner routes and MCP in one Starlette app, behind the guard.
+
+`build_app` wires everything to one `Service`; `serve` runs it under uvicorn. Shutting down
+(SIGINT, SIGTERM) runs the lifespan exit, which stops every sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import uvicorn
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
+
+from corral import __version__
+from corral.config import Settings
+from corral.doctor import run_checks
+from corral.server import compat, rest
+from corral.server.auth import Guard, allowed_hosts
+from corral.server.body import BodyLimit
+from corral.server.errors import HANDLERS
+from corral.server.mcp import build_mcp
+from corral.server.openapi import document
+from corral.service import Service
+from corral.tokens import Tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Health:
+    """What /health reports: the doctor's failures at start, and the last kernel start failure."""
+
+    failures: dict[str, str] = field(default_factory=dict)
+
+    async def refresh(self, settings: Settings) -> None:
+        checks = await asyncio.to_thread(run_checks, settings)
+        self.failures = {c.name: c.detail for c in checks if not c.ok}
+
+
+def build_app(
+    settings: Settings,
+    service: Service,
+    tokens: Tokens | None,
+    token_problem: str | None = None,
+    *,
+    check_host: bool = True,
+) -> ASGIApp:
+    """The whole server as one ASGI app; `tokens` None makes it fail closed (503)."""
+    hosts = allowed_hosts(settings.host, settings.port, settings.allowed_hosts.split(","))
+    mcp = build_mcp(service)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=check_host,
+        allowed_hosts=sorted(hosts),
+        allowed_origins=sorted(
+            f"{scheme}://{host}" for host in hosts for scheme in ("http", "https")
+        ),
+    )
+    mcp_app = mcp.streamable_http_app(
+        streamable_http_path="/mcp", transport_security=security, host=settings.host
+    )
+    health = Health()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with service, mcp.session_manager.run():
+            await health.refresh(settings)
+            yield
+
+    app = Starlette(
+        routes=[
+            Route("/health", _health_route(health, service), methods=["GET", "HEAD"]),
+            Route("/openapi.json", _openapi, methods=["GET"]),
+            *compat.ROUTES,
+            *rest.ROUTES,
+            Mount("/", app=mcp_app),
+        ],
+        lifespan=lifespan,
+        exception_handlers=HANDLERS,
+    )
+    app.state.service = service
+    limited = BodyLimit(
+        app, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes
+    )
+    return Guard(limited, tokens=tokens, token_problem=token_problem, hosts=hosts)
+
+
+def _health_route(health: Health, service: Service):  # type: ignore[no-untyped-def]
+    async def route(request: Request) -> Response:
+        failures = dict(health.failures)
+        if service.sessions.last_start_failure:
+            failures["kernels"] = service.sessions.last_start_failure
+        body = {
+            "status": "unavailable" if failures else "ok",
+            "version": __version__,
+            "checks": failures or {"sandbox": "ok"},
+        }
+        return JSONResponse(body, status_code=503 if failures else 200)
+
+    return route
+
+
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(document())
+
+
+def serve(
+    settings: Settings, service: Service, tokens: Tokens | None, token_problem: str | None = None
+) -> None:
+    """Run the server in the foreground until SIGINT or SIGTERM."""
+    app = build_app(settings, service, tokens, token_problem)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        server_header=False,
+    )
+    uvicorn.Server(config).run()

@@ -1,0 +1,107 @@
+"""The guard in front of every route: Host and Origin checks, bearer tokens, admin routes.
+
+Pure ASGI middleware, so it covers `/mcp` (streamed responses included) exactly like REST.
+Order: Host (DNS-rebinding protection), Origin, then the token. Only `GET /health` is open.
+A server whose tokens could not be loaded answers 503 everywhere else: it fails closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from corral.server.responses import error_response
+from corral.tokens import Role, Tokens
+
+OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
+ADMIN_PREFIX = "/v1/admin/"
+ROLE_KEY = "corral.role"
+
+
+def allowed_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The Host header values this server answers to (names with the port)."""
+    names = {host, "localhost", "127.0.0.1", "[::1]"} if _is_loopback(host) else {host}
+    if ":" in host and not host.startswith("["):
+        names.add(f"[{host}]")
+        names.discard(host)
+    hosts = {f"{name}:{port}" for name in names}
+    hosts.update(item.strip().lower() for item in extra if item.strip())
+    return frozenset(hosts)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class Guard:
+    """Checks Host, Origin and the bearer token, then records the caller's role in the scope."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: Tokens | None,
+        token_problem: str | None,
+        hosts: frozenset[str],
+    ) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.token_problem = token_problem
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> ASGIApp | None:
+        headers = Headers(scope=scope)
+        host = headers.get("host", "").lower()
+        if host not in self.hosts:
+            return error_response(
+                421,
+                "host_not_allowed",
+                f"Host {host!r} is not this server's; DNS rebinding is refused",
+            )
+        origin = headers.get("origin")
+        if origin is not None and not self._origin_allowed(origin):
+            return error_response(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
+        if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
+            return None
+        return self._token_refusal(scope, headers)
+
+    def _origin_allowed(self, origin: str) -> bool:
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and parts.netloc.lower() in self.hosts
+
+    def _token_refusal(self, scope: Scope, headers: Headers) -> ASGIApp | None:
+        if self.tokens is None:
+            return error_response(
+                503, "token_unavailable", f"the server has no usable token: {self.token_problem}"
+            )
+        scheme, _, presented = headers.get("authorization", "").partition(" ")
+        role = self.tokens.role_of(presented.strip()) if scheme.lower() == "bearer" else None
+        if role is None:
+            return error_response(
+                401,
+                "unauthorized",
+                "a valid 'Authorization: Bearer <token>' header is required",
+                {"WWW-Authenticate": 'Bearer realm="corral"'},
+            )
+        if scope["path"].startswith(ADMIN_PREFIX) and role is not Role.ADMIN:
+            return error_response(403, "admin_only", "this route needs the admin token")
+        scope.setdefault("state", {})[ROLE_KEY] = role.value
+        return None
+
+
+def role_of(scope: Scope) -> Role:
+    """The role the guard granted this request (agent when called without the guard)."""
+    return Role(scope.get("state", {}).get(ROLE_KEY, Role.AGENT.value))

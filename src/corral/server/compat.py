@@ -1,0 +1,152 @@
+"""coderunner's REST routes, with its shapes and status codes, so its clients work unchanged.
+
+`POST /execute` answers `{stdout, stderr, execution_time, cpu_time}`; the session routes
+answer `{session_id, status, created_at}` and errors as `{"error": message}`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from corral import errors as e
+from corral.kernels.results import ExecutionResult
+from corral.kernels.sessions import SessionInfo
+from corral.server.auth import role_of
+from corral.server.errors import status_of
+from corral.server.rest import service_of
+from corral.server.schemas import CompatExecuteRequest
+
+NO_OUTPUT = "[Execution successful with no output]"
+
+
+def result_text(result: ExecutionResult) -> str:
+    """coderunner's text for a result: the output and text results, or its no-output marker."""
+    # A figure's text/plain is only its repr ("<Figure size ...>"): the image says more.
+    texts = [
+        bundle["text/plain"]
+        for bundle in result.results
+        if "text/plain" in bundle and not any(m.startswith("image/") for m in bundle)
+    ]
+    text = result.stdout + "".join(texts)
+    return text or NO_OUTPUT
+
+
+def error_text(result: ExecutionResult) -> str | None:
+    """coderunner's 'Error: ...' text when the code failed, else None."""
+    if result.error is not None:
+        lines = result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"]
+        return "Error: Execution Error:\n" + "\n".join(lines)
+    if result.status != "ok":
+        return f"Error: {result.message or result.status}"
+    return None
+
+
+def session_view(info: SessionInfo, status: str | None = None) -> dict[str, Any]:
+    created = datetime.datetime.fromtimestamp(info.created_at, datetime.UTC).isoformat()
+    shown = status or ("stopped" if info.state in ("stopped", "failed") else "active")
+    return {"session_id": info.id, "status": shown, "created_at": created}
+
+
+async def execute(request: Request) -> Response:
+    try:
+        body = CompatExecuteRequest.model_validate(json.loads(await request.body() or b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as exc:
+        return _exec_failure(400, f"Invalid request body: {exc}")
+    code = body.code or body.command
+    if not code:
+        return _exec_failure(400, "Missing 'code' or 'command' field in request body")
+    try:
+        result = await service_of(request).execute(
+            code,
+            session_id=body.session_id,
+            language=body.language,
+            timeout_s=body.timeout,
+            actor=role_of(request.scope).value,
+        )
+    except e.CorralError as exc:
+        return _exec_failure(status_of(exc)[0], f"Error: {exc}")
+    failure = error_text(result)
+    seconds = round(result.duration_s, 6)
+    stdout = result_text(result) if failure is None else result.stdout
+    stderr = result.stderr + (failure or "")
+    return JSONResponse(
+        {"stdout": stdout, "stderr": stderr, "execution_time": seconds, "cpu_time": seconds}
+    )
+
+
+def _exec_failure(status: int, message: str) -> Response:
+    return JSONResponse(
+        {"stdout": "", "stderr": message, "execution_time": 0.0, "cpu_time": 0.0},
+        status_code=status,
+    )
+
+
+async def create_session(request: Request) -> Response:
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "Invalid JSON body.")
+    session_id = body.get("session_id") if isinstance(body, dict) else None
+    return await _call(lambda: _created(request, session_id))
+
+
+async def _created(request: Request, session_id: str | None) -> Response:
+    info = await service_of(request).create_session(session_id, actor=role_of(request.scope).value)
+    return JSONResponse(session_view(info), status_code=201)
+
+
+async def get_session(request: Request) -> Response:
+    session_id = request.query_params.get("session_id")
+    service = service_of(request)
+    if session_id is None:
+        return JSONResponse({"sessions": [session_view(i) for i in service.list_sessions()]})
+    return await _call(lambda: _got(service.get_session(session_id)))
+
+
+async def _got(info: SessionInfo) -> Response:
+    return JSONResponse(session_view(info))
+
+
+async def delete_session(request: Request) -> Response:
+    session_id = request.query_params.get("session_id")
+    if session_id is None:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "Invalid JSON body.")
+        session_id = body.get("session_id") if isinstance(body, dict) else None
+    if not session_id:
+        return _error(400, "Missing session_id.")
+    return await _call(lambda: _stopped(request, session_id))
+
+
+async def _stopped(request: Request, session_id: str) -> Response:
+    info = await service_of(request).stop_session(session_id, actor=role_of(request.scope).value)
+    return JSONResponse(session_view(info, "stopped"))
+
+
+async def _call(action: Any) -> Response:
+    try:
+        response: Response = await action()
+    except e.CorralError as exc:
+        return _error(status_of(exc)[0], str(exc))
+    return response
+
+
+def _error(status: int, message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+ROUTES = [
+    Route("/execute", execute, methods=["POST"]),
+    Route("/v1/sessions/session", create_session, methods=["POST"]),
+    Route("/v1/sessions/session", get_session, methods=["GET"]),
+    Route("/v1/sessions/session", delete_session, methods=["DELETE"]),
+]

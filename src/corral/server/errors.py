@@ -1,0 +1,71 @@
+"""Mapping corral's errors and bad input to HTTP statuses, in one place (the edge).
+
+Known errors become a status and their message; anything else is logged with its traceback
+and becomes a 500 that reveals nothing of it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from corral import errors as e
+from corral.server.responses import error_response
+
+log = logging.getLogger(__name__)
+
+# Most specific first: the first class that matches decides.
+STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
+    (e.PathRefused, 400, "path_refused"),
+    (e.InvalidInput, 400, "invalid_input"),
+    (e.SessionNotFound, 404, "session_not_found"),
+    (e.NotFound, 404, "not_found"),
+    (e.Conflict, 409, "conflict"),
+    (e.TooLarge, 413, "too_large"),
+    (e.TooManySessions, 429, "too_many_sessions"),
+    (e.CapacityExceeded, 429, "capacity_exceeded"),
+    (e.SandboxUnavailable, 503, "sandbox_unavailable"),
+    (e.KernelStartFailed, 503, "kernel_start_failed"),
+    (e.SandboxError, 500, "internal_error"),
+)
+
+
+def status_of(exc: e.CorralError) -> tuple[int, str]:
+    for cls, status, code in STATUSES:
+        if isinstance(exc, cls):
+            return status, code
+    return 500, "internal_error"
+
+
+async def corral_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, e.CorralError):
+        return await unexpected_error(request, exc)
+    status, code = status_of(exc)
+    if status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+    return error_response(status, code, str(exc))
+
+
+async def validation_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, ValidationError):
+        return await unexpected_error(request, exc)
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}"
+        for err in exc.errors(include_url=False)
+    )
+    return error_response(422, "invalid_body", problems)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> Response:
+    log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal_error", "corral hit an unexpected error; see its log")
+
+
+HANDLERS = {
+    e.CorralError: corral_error,
+    ValidationError: validation_error,
+    Exception: unexpected_error,
+}

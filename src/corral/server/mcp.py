@@ -1,0 +1,194 @@
+"""The MCP tools: coderunner's names, parameters and text, plus shell and file tools.
+
+Each tool is a thin caller of `Service`. Text follows coderunner's conventions (the output,
+`[Execution successful with no output]`, or `Error: ...`), images come back as MCP image
+content beside the text, and every tool publishes an output schema for its structured result.
+Long executions send progress notifications. No tool can widen a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+from pydantic import BaseModel
+
+from corral import __version__
+from corral.errors import CorralError
+from corral.kernels.results import ExecutionResult
+from corral.server.compat import error_text, result_text, session_view
+from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing
+from corral.service import Service
+
+MAX_TEXT_FILE_BYTES = 1_000_000
+INSTRUCTIONS = (
+    "corral runs code in sandboxed, persistent Jupyter kernels. Variables persist per session; "
+    "files live in /workspace. Omit session_id to use the default session. The sandbox has no "
+    "network unless the operator allows it; a refusal says what to ask for."
+)
+
+
+class SessionView(BaseModel):
+    session_id: str
+    status: str
+    created_at: str
+
+
+class SessionViews(BaseModel):
+    sessions: list[SessionView]
+
+
+class WriteResult(BaseModel):
+    path: str
+    size_bytes: int
+
+
+def build_mcp(service: Service) -> MCPServer:
+    """An MCP server whose tools call `service`."""
+    mcp = MCPServer("corral", version=__version__, instructions=INSTRUCTIONS)
+    tools = _Tools(service)
+    for name, description in TOOLS:
+        mcp.tool(name=name, description=description)(getattr(tools, name))
+    return mcp
+
+
+TOOLS: tuple[tuple[str, str], ...] = (
+    (
+        "execute_python_code",
+        "Run Python code in a persistent sandboxed kernel and return its "
+        "output, results and any error. Plots come back as images.",
+    ),
+    (
+        "execute_shell_command",
+        "Run a bash command in the session's sandbox (same /workspace "
+        "and installed packages as the Python kernel).",
+    ),
+    ("start_python_session", "Start a new session (optionally with a chosen id) and return it."),
+    ("list_python_sessions", "List the sessions and their state."),
+    ("stop_python_session", "Stop a session's kernels; its files and packages are kept."),
+    ("list_files", "List files in the session's /workspace."),
+    ("read_file", "Read a text file from the session's /workspace."),
+    ("write_file", "Write a text file into the session's /workspace (parents are created)."),
+)
+
+
+class _Tools:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def execute_python_code(
+        self, command: str, ctx: Context, session_id: str | None = None
+    ) -> Annotated[CallToolResult, ExecutionResultModel]:
+        return await self._execute(command, session_id, "python", ctx)
+
+    async def execute_shell_command(
+        self, command: str, ctx: Context, session_id: str | None = None
+    ) -> Annotated[CallToolResult, ExecutionResultModel]:
+        return await self._execute(command, session_id, "bash", ctx)
+
+    async def _execute(
+        self, code: str, session_id: str | None, language: str, ctx: Context
+    ) -> CallToolResult:
+        task = asyncio.ensure_future(
+            self.service.execute(code, session_id=session_id, language=language)
+        )
+        result = await _with_progress(task, ctx, self.service.settings.progress_interval_s)
+        return execution_content(result)
+
+    async def start_python_session(self, session_id: str | None = None) -> SessionView:
+        info = await _tool_call(self.service.create_session(session_id))
+        return SessionView(**session_view(info))
+
+    async def list_python_sessions(self) -> SessionViews:
+        views = [SessionView(**session_view(i)) for i in self.service.list_sessions()]
+        return SessionViews(sessions=sorted(views, key=lambda view: view.session_id))
+
+    async def stop_python_session(self, session_id: str) -> SessionView:
+        info = await _tool_call(self.service.stop_session(session_id))
+        return SessionView(**session_view(info, "stopped"))
+
+    async def list_files(
+        self, path: str = ".", session_id: str | None = None, recursive: bool = False
+    ) -> FileListing:
+        listing = _sync_tool_call(
+            lambda: self.service.list_files(session_id, path, recursive=recursive)
+        )
+        return FileListing.model_validate(listing)
+
+    async def read_file(self, path: str, session_id: str | None = None) -> str:
+        data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
+        if len(data) > MAX_TEXT_FILE_BYTES:
+            raise ToolError(
+                f"{path} is {len(data)} bytes; read_file returns at most "
+                f"{MAX_TEXT_FILE_BYTES}. Use execute_python_code to process it."
+            )
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "[binary file, base64]\n" + base64.b64encode(data).decode()
+
+    async def write_file(
+        self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
+    ) -> WriteResult:
+        data = _decode_content(content, base64_encoded)
+        entry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
+        return WriteResult(path=FileEntryModel.model_validate(entry).path, size_bytes=len(data))
+
+
+def execution_content(result: ExecutionResult) -> CallToolResult:
+    """coderunner's text, images as image content, and the whole result as structured content."""
+    failure = error_text(result)
+    text = result_text(result) if failure is None else (result.stdout + result.stderr + failure)
+    blocks: list[ContentBlock] = [TextContent(type="text", text=text)]
+    for bundle in result.results:
+        for mime in ("image/png", "image/jpeg"):
+            if mime in bundle:
+                blocks.append(ImageContent(type="image", data=bundle[mime], mime_type=mime))
+    structured = ExecutionResultModel.model_validate(result.to_dict()).model_dump(mode="json")
+    return CallToolResult(content=blocks, structured_content=structured)
+
+
+async def _with_progress(
+    task: asyncio.Future[ExecutionResult], ctx: Context, every_s: float
+) -> ExecutionResult:
+    """Await the execution, telling the client every `every_s` that it is still running."""
+    elapsed = 0.0
+    while True:
+        try:
+            result: ExecutionResult = await _tool_call(
+                asyncio.wait_for(asyncio.shield(task), every_s)
+            )
+            return result
+        except TimeoutError:
+            elapsed += every_s
+            await ctx.report_progress(
+                progress=elapsed, message=f"still running ({elapsed:.0f} s elapsed)"
+            )
+
+
+async def _tool_call(awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except CorralError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _sync_tool_call(action: Any) -> Any:
+    try:
+        return action()
+    except CorralError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _decode_content(content: str, base64_encoded: bool) -> bytes:
+    if not base64_encoded:
+        return content.encode("utf-8")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ToolError(f"content is not valid base64: {exc}") from exc

@@ -1,0 +1,259 @@
+"""The clean `/v1` REST API: thin handlers that validate, call the service and shape JSON.
+
+Errors are not handled here: the app maps `corral.errors` and validation failures to
+statuses in one place (`corral.server.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from corral.errors import InvalidInput
+from corral.kernels.results import ExecutionResult
+from corral.server.auth import role_of
+from corral.server.schemas import CreateSessionRequest, ExecuteAnyRequest, ExecuteRequest
+from corral.service import Service
+
+STREAM_TYPES = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
+
+
+def service_of(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
+    """The JSON body validated against `model`; InvalidInput for bad JSON, 422 for bad fields."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
+    return model.model_validate(data)
+
+
+# -- sessions ------------------------------------------------------------------------------
+
+
+async def create_session(request: Request) -> Response:
+    body = await parse_body(request, CreateSessionRequest)
+    info = await service_of(request).create_session(body.id, actor=role_of(request.scope).value)
+    return JSONResponse(info.to_dict(), status_code=201)
+
+
+async def list_sessions(request: Request) -> Response:
+    sessions = [info.to_dict() for info in service_of(request).list_sessions()]
+    return JSONResponse({"sessions": sessions})
+
+
+async def get_session(request: Request) -> Response:
+    return JSONResponse(service_of(request).get_session(request.path_params["id"]).to_dict())
+
+
+async def delete_session(request: Request) -> Response:
+    await service_of(request).delete_session(
+        request.path_params["id"], actor=role_of(request.scope).value
+    )
+    return Response(status_code=204)
+
+
+async def stop_session(request: Request) -> Response:
+    info = await service_of(request).stop_session(
+        request.path_params["id"], actor=role_of(request.scope).value
+    )
+    return JSONResponse(info.to_dict())
+
+
+async def restart_session(request: Request) -> Response:
+    info = await service_of(request).restart_session(
+        request.path_params["id"], actor=role_of(request.scope).value
+    )
+    return JSONResponse(info.to_dict())
+
+
+# -- execution -----------------------------------------------------------------------------
+
+
+async def execute_in_session(request: Request) -> Response:
+    body = await parse_body(request, ExecuteRequest)
+    return await _execute(request, request.path_params["id"], body)
+
+
+async def execute_any(request: Request) -> Response:
+    body = await parse_body(request, ExecuteAnyRequest)
+    return await _execute(request, body.session_id, body)
+
+
+async def _execute(request: Request, session_id: str | None, body: ExecuteRequest) -> Response:
+    service = service_of(request)
+    actor = role_of(request.scope).value
+    mode = STREAM_TYPES.get(request.headers.get("accept", "").split(",")[0].strip())
+    if mode is None:
+        result = await _shielded(
+            service.execute(
+                body.code,
+                session_id=session_id,
+                language=body.language,
+                timeout_s=body.timeout_s,
+                actor=actor,
+            )
+        )
+        return JSONResponse(result.to_dict())
+    service.check_execute(session_id, body.language, body.timeout_s)
+    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def hook(kind: str, content: Any) -> None:
+        await events.put((kind, content))
+
+    task = asyncio.create_task(
+        service.execute(
+            body.code,
+            session_id=session_id,
+            language=body.language,
+            timeout_s=body.timeout_s,
+            on_output=hook,
+            actor=actor,
+        )
+    )
+    media = "text/event-stream" if mode == "sse" else "application/x-ndjson"
+    return StreamingResponse(
+        _stream(task, events, mode), media_type=media, headers={"Cache-Control": "no-store"}
+    )
+
+
+async def _shielded(coro: Any) -> ExecutionResult:
+    """Run the execution to its end even if the client goes away: the code was sent."""
+    task = asyncio.ensure_future(coro)
+    result: ExecutionResult = await asyncio.shield(task)
+    return result
+
+
+async def _stream(
+    task: asyncio.Task[ExecutionResult], events: asyncio.Queue[tuple[str, Any]], mode: str
+) -> AsyncIterator[str]:
+    """Output events as they happen, then the whole result as the last event."""
+    while not (task.done() and events.empty()):
+        getter = asyncio.ensure_future(events.get())
+        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            yield _event(mode, *_shape(*getter.result()))
+        else:
+            getter.cancel()
+    try:
+        result = task.result()
+    except Exception as exc:  # reported in the stream: headers are already sent
+        yield _event(mode, "failure", {"message": str(exc)})
+        return
+    yield _event(mode, "result", result.to_dict())
+
+
+def _shape(kind: str, content: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if kind == "stream":
+        return content.get("name", "stdout"), {"text": content.get("text", "")}
+    if kind in ("execute_result", "display_data", "update_display_data"):
+        return "display", {"data": content.get("data", {})}
+    if kind == "error":
+        return "error", {"ename": content.get("ename"), "evalue": content.get("evalue")}
+    return kind, {}
+
+
+def _event(mode: str, name: str, data: dict[str, Any]) -> str:
+    if mode == "sse":
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+    return json.dumps({"type": name, **data}) + "\n"
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+async def list_files(request: Request) -> Response:
+    params = request.query_params
+    listing = service_of(request).list_files(
+        request.path_params["id"],
+        params.get("path", "."),
+        recursive=params.get("recursive", "false").lower() in ("1", "true", "yes"),
+    )
+    return JSONResponse(listing)
+
+
+async def download_file(request: Request) -> Response:
+    data = service_of(request).read_file(request.path_params["id"], _required_path(request))
+    return Response(data, media_type="application/octet-stream")
+
+
+async def upload_file(request: Request) -> Response:
+    data = await request.body()
+    entry = service_of(request).write_file(request.path_params["id"], _required_path(request), data)
+    return JSONResponse(entry, status_code=201)
+
+
+async def delete_file(request: Request) -> Response:
+    recursive = request.query_params.get("recursive", "false").lower() in ("1", "true", "yes")
+    service_of(request).delete_file(
+        request.path_params["id"], _required_path(request), recursive=recursive
+    )
+    return Response(status_code=204)
+
+
+def _required_path(request: Request) -> str:
+    path = request.query_params.get("path")
+    if not path:
+        raise InvalidInput("the 'path' query parameter is required")
+    return path
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+
+async def admin_audit(request: Request) -> Response:
+    params = request.query_params
+    page = service_of(request).audit_page(
+        kind=params.get("kind"),
+        session=params.get("session"),
+        before_id=_int_param(params.get("before_id")),
+        limit=_int_param(params.get("limit")) or 100,
+    )
+    return JSONResponse(page)
+
+
+async def admin_stop_session(request: Request) -> Response:
+    info = await service_of(request).stop_session(request.path_params["id"], actor="admin")
+    return JSONResponse(info.to_dict())
+
+
+def _int_param(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"{raw!r} is not a whole number") from exc
+
+
+ROUTES = [
+    Route("/v1/sessions", create_session, methods=["POST"]),
+    Route("/v1/sessions", list_sessions, methods=["GET"]),
+    Route("/v1/sessions/{id}", get_session, methods=["GET"]),
+    Route("/v1/sessions/{id}", delete_session, methods=["DELETE"]),
+    Route("/v1/sessions/{id}/stop", stop_session, methods=["POST"]),
+    Route("/v1/sessions/{id}/restart", restart_session, methods=["POST"]),
+    Route("/v1/sessions/{id}/execute", execute_in_session, methods=["POST"]),
+    Route("/v1/execute", execute_any, methods=["POST"]),
+    Route("/v1/sessions/{id}/files", list_files, methods=["GET"]),
+    Route("/v1/sessions/{id}/files", delete_file, methods=["DELETE"]),
+    Route("/v1/sessions/{id}/files/content", download_file, methods=["GET"]),
+    Route("/v1/sessions/{id}/files/content", upload_file, methods=["PUT"]),
+    Route("/v1/admin/audit", admin_audit, methods=["GET"]),
+    Route("/v1/admin/sessions/{id}/stop", admin_stop_session, methods=["POST"]),
+]

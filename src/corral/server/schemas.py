@@ -1,0 +1,121 @@
+"""Request and response bodies of the REST API, validated at the edge with pydantic.
+
+The same models produce the OpenAPI document, so the document cannot drift from what the
+routes accept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CODE_CHARS = 1_000_000
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExecuteRequest(Strict):
+    code: str = Field(max_length=MAX_CODE_CHARS, description="The code to run, sent once.")
+    language: Literal["python", "bash"] = "python"
+    timeout_s: float | None = Field(default=None, gt=0, description="At most the server's cap.")
+
+
+class ExecuteAnyRequest(ExecuteRequest):
+    session_id: str | None = Field(
+        default=None, pattern=SESSION_ID_PATTERN, description="Omitted: the default session."
+    )
+
+
+class CreateSessionRequest(Strict):
+    id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class SessionModel(BaseModel):
+    id: str
+    state: Literal["starting", "idle", "busy", "stopped", "failed"]
+    created_at: float
+    last_used_at: float
+    kernels: list[str]
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionModel]
+
+
+class ExecutionErrorModel(BaseModel):
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+class ExecutionResultModel(BaseModel):
+    status: Literal["ok", "error", "timeout", "interrupted", "died"]
+    stdout: str
+    stderr: str
+    results: list[dict[str, Any]] = Field(description="MIME bundles, in order.")
+    error: ExecutionErrorModel | None
+    execution_count: int | None
+    language: str
+    session_id: str
+    started_at: float
+    queued_s: float
+    duration_s: float
+    output_bytes: int
+    output_truncated: bool
+    output_cut_bytes: int
+    kernel_restarted: bool
+    message: str | None
+
+
+class FileEntryModel(BaseModel):
+    path: str
+    kind: Literal["file", "dir", "link", "other"]
+    size_bytes: int
+    modified_at: float
+
+
+class FileListing(BaseModel):
+    entries: list[FileEntryModel]
+    truncated: bool
+
+
+class HealthModel(BaseModel):
+    status: Literal["ok", "unavailable"]
+    version: str
+    checks: dict[str, str]
+
+
+class AuditEntryModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: int
+    at: float
+    kind: str
+
+
+class AuditPageModel(BaseModel):
+    entries: list[AuditEntryModel]
+    next_before_id: int | None
+
+
+class CompatExecuteRequest(BaseModel):
+    """coderunner's POST /execute: `code` or `command`, optional `session_id`."""
+
+    model_config = ConfigDict(extra="ignore")
+    code: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
+    command: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    language: Literal["python", "bash"] = "python"
+    timeout: float | None = Field(default=None, gt=0)

@@ -1,0 +1,95 @@
+"""A real corral server on loopback, run by uvicorn in a thread, with real tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from corral.config import Settings
+from corral.server.app import build_app
+from corral.service import Service
+from corral.tokens import Tokens, load_tokens
+from tests.conftest import make_settings
+
+
+@dataclass
+class RunningServer:
+    settings: Settings
+    tokens: Tokens | None
+    base_url: str
+    service: Service
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+    def client(self, token: str | None = "agent", **kwargs: object) -> httpx.Client:
+        headers = {}
+        if token is not None and self.tokens is not None:
+            value = {"agent": self.tokens.agent, "admin": self.tokens.admin}.get(token, token)
+            headers["Authorization"] = f"Bearer {value}"
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def start_server(settings: Settings, tokens: Tokens | None,
+                 problem: str | None = None) -> tuple[RunningServer, uvicorn.Server,
+                                                       threading.Thread]:
+    service = Service(settings)
+    app = build_app(settings, service, tokens, problem)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{settings.port}"
+    return RunningServer(settings, tokens, url, service), server, thread
+
+
+def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
+    server.should_exit = True
+    thread.join(60)
+
+
+@pytest.fixture(scope="session")
+def server_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    root = tmp_path_factory.mktemp("server")
+    run = Path(tempfile.mkdtemp(prefix="crv", dir="/tmp"))
+    settings = replace(make_settings(root / "state", run), config_dir=root / "config",
+                       port=free_port(), max_upload_bytes=1_000_000, max_body_bytes=200_000,
+                       progress_interval_s=0.5, max_sessions=8)
+    yield settings
+    shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server(server_settings: Settings) -> Iterator[RunningServer]:
+    """One server for the whole run: tests use their own session ids."""
+    tokens = load_tokens(server_settings.config_dir, env={})
+    running, uv, thread = start_server(server_settings, tokens)
+    try:
+        yield running
+    finally:
+        stop_server(uv, thread)
