@@ -167,7 +167,7 @@ async def _with_progress(
         except TimeoutError:
             elapsed += every_s
             await ctx.report_progress(
-                progress=elapsed, message=f"still running ({elapsed:.0f} s elapsed)"
+                progress=elapsed, message=f"still running ({elapsed:g} s elapsed)"
             )
 
 
