@@ -7,6 +7,7 @@ edges map them to their own forms.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import TracebackType
 from typing import Any
@@ -61,6 +62,10 @@ class Service:
         )
         self._audit_execution(result, code, actor)
         return result
+
+    async def cancel(self, call: asyncio.Future[ExecutionResult]) -> None:
+        """The caller of `call` (an `execute` task) went away: interrupt or drop it."""
+        await self.sessions.cancel(call)
 
     def check_execute(self, session_id: str | None, language: str, timeout_s: float | None) -> None:
         """Raise now what `execute` would raise before running, so a stream can start clean."""

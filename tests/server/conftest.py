@@ -34,12 +34,15 @@ class RunningServer:
     def mcp_url(self) -> str:
         return f"{self.base_url}/mcp"
 
-    def client(self, token: str | None = "agent", **kwargs: object) -> httpx.Client:
-        headers = {}
+    def client(
+        self, token: str | None = "agent", headers: dict[str, str] | None = None
+    ) -> httpx.Client:
+        """An HTTP client; `token` is "agent", "admin", a literal token, or None for none."""
+        merged = dict(headers or {})
         if token is not None and self.tokens is not None:
             value = {"agent": self.tokens.agent, "admin": self.tokens.admin}.get(token, token)
-            headers["Authorization"] = f"Bearer {value}"
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=120, **kwargs)  # type: ignore[arg-type]
+            merged.setdefault("Authorization", f"Bearer {value}")
+        return httpx.Client(base_url=self.base_url, headers=merged, timeout=120)
 
 
 def free_port() -> int:
@@ -49,13 +52,14 @@ def free_port() -> int:
         return port
 
 
-def start_server(settings: Settings, tokens: Tokens | None,
-                 problem: str | None = None) -> tuple[RunningServer, uvicorn.Server,
-                                                       threading.Thread]:
+def start_server(
+    settings: Settings, tokens: Tokens | None, problem: str | None = None
+) -> tuple[RunningServer, uvicorn.Server, threading.Thread]:
     service = Service(settings)
     app = build_app(settings, service, tokens, problem)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            lifespan="on")
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
@@ -77,9 +81,15 @@ def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
 def server_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     root = tmp_path_factory.mktemp("server")
     run = Path(tempfile.mkdtemp(prefix="crv", dir="/tmp"))
-    settings = replace(make_settings(root / "state", run), config_dir=root / "config",
-                       port=free_port(), max_upload_bytes=1_000_000, max_body_bytes=200_000,
-                       progress_interval_s=0.5, max_sessions=8)
+    settings = replace(
+        make_settings(root / "state", run),
+        config_dir=root / "config",
+        port=free_port(),
+        max_upload_bytes=1_000_000,
+        max_body_bytes=200_000,
+        progress_interval_s=0.5,
+        max_sessions=8,
+    )
     yield settings
     shutil.rmtree(run, ignore_errors=True)
 
@@ -93,3 +103,15 @@ def server(server_settings: Settings) -> Iterator[RunningServer]:
         yield running
     finally:
         stop_server(uv, thread)
+
+
+@pytest.fixture
+def sid(server: RunningServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A running session named after the test, deleted afterwards (the server is shared)."""
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name)[:50]
+    with server.client() as http:
+        response = http.post("/v1/sessions", json={"id": name})
+        assert response.status_code == 201, response.text
+    yield name
+    with server.client() as http:
+        http.delete(f"/v1/sessions/{name}")

@@ -85,6 +85,7 @@ class Session:
         self.starting = False
         self.failed: str | None = None
         self.lost: set[str] = set()  # languages whose kernel died since the last call
+        self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
 
     @property
     def running(self) -> bool:
@@ -213,22 +214,54 @@ class SessionManager:
         session = self.session_for(session_id)
         queued = time.monotonic()
         async with session.lock:
-            result = ExecutionResult(language=language, session_id=session.record.id)
-            result.queued_s = time.monotonic() - queued
-            restarted = await self._ensure_kernel(session, language)
-            limits = self.limits_for(timeout_s)
+            session.current_call = (_current_task(), language)
             try:
-                outcome = await run_code(session.kernels[language], code, limits, result, on_output)
-            except KernelUnreachable:
-                # Nothing was sent: it is safe to try once more on a fresh kernel.
-                await self._replace_kernel(session, language)
-                restarted = True
-                outcome = await run_code(session.kernels[language], code, limits, result, on_output)
-            if not outcome.kernel_usable:
-                await self._after_kernel_loss(session, language, outcome.result)
-            outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
-            self._touch(session)
-            return outcome.result
+                return await self._execute_locked(
+                    session, code, language, timeout_s, on_output, queued
+                )
+            finally:
+                session.current_call = None
+
+    async def _execute_locked(
+        self,
+        session: Session,
+        code: str,
+        language: str,
+        timeout_s: float | None,
+        on_output: OutputHook | None,
+        queued: float,
+    ) -> ExecutionResult:
+        result = ExecutionResult(language=language, session_id=session.record.id)
+        result.queued_s = time.monotonic() - queued
+        restarted = await self._ensure_kernel(session, language)
+        limits = self.limits_for(timeout_s)
+        try:
+            outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+        except KernelUnreachable:
+            # Nothing was sent: it is safe to try once more on a fresh kernel.
+            await self._replace_kernel(session, language)
+            restarted = True
+            outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+        if not outcome.kernel_usable:
+            await self._after_kernel_loss(session, language, outcome.result)
+        outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
+        self._touch(session)
+        return outcome.result
+
+    async def cancel(self, task: asyncio.Future[Any]) -> None:
+        """Stop an `execute` call whose caller went away.
+
+        Still queued: nothing was sent, so the call is cancelled. Running: the kernel is
+        interrupted and the call ends with its result as usual.
+        """
+        for session in self.sessions.values():
+            call = session.current_call
+            if call is not None and call[0] is task:
+                kernel = session.kernels.get(call[1])
+                if kernel is not None:
+                    await kernel.interrupt()
+                return
+        task.cancel()
 
     def limits_for(self, timeout_s: float | None) -> ExecutionLimits:
         """The limits of one execution; raises `InvalidInput` for a timeout past the cap."""
@@ -374,6 +407,13 @@ class SessionManager:
     def _save(self, session: Session) -> None:
         session.record.state = session.state
         self.store.put(session.record)
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("execute must run inside an asyncio task")
+    return task
 
 
 def _new_id() -> str:

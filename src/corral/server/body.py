@@ -9,11 +9,15 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.errors import TooLarge
 from corral.server.responses import error_response
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(TooLarge):
+    """Raised from `receive` when a streamed body passes its cap; the app maps it to 413."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"the request body is over its cap of {cap} bytes")
 
 
 class BodyLimit:
@@ -64,7 +68,7 @@ def _counting(receive: Receive, cap: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > cap:
-                raise BodyTooLarge
+                raise BodyTooLarge(cap)
         return message
 
     return wrapped

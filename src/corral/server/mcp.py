@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from corral import __version__
 from corral.errors import CorralError
 from corral.kernels.results import ExecutionResult
-from corral.server.compat import error_text, result_text, session_view
+from corral.server.compat import NO_OUTPUT, error_text, result_text, session_view
 from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing
 from corral.service import Service
 
@@ -97,7 +97,16 @@ class _Tools:
         task = asyncio.ensure_future(
             self.service.execute(code, session_id=session_id, language=language)
         )
-        result = await _with_progress(task, ctx, self.service.settings.progress_interval_s)
+        try:
+            result = await _with_progress(task, ctx, self.service.settings.progress_interval_s)
+        except CorralError as exc:
+            # coderunner's form: the text starts with "Error:"; the flag tells clients too.
+            return CallToolResult(
+                content=[TextContent(type="text", text=f"Error: {exc}")], is_error=True
+            )
+        except asyncio.CancelledError:
+            await self.service.cancel(task)
+            raise
         return execution_content(result)
 
     async def start_python_session(self, session_id: str | None = None) -> SessionView:
@@ -143,12 +152,16 @@ class _Tools:
 def execution_content(result: ExecutionResult) -> CallToolResult:
     """coderunner's text, images as image content, and the whole result as structured content."""
     failure = error_text(result)
+    images: list[ContentBlock] = [
+        ImageContent(type="image", data=bundle[mime], mime_type=mime)
+        for bundle in result.results
+        for mime in ("image/png", "image/jpeg")
+        if mime in bundle
+    ]
     text = result_text(result) if failure is None else (result.stdout + result.stderr + failure)
-    blocks: list[ContentBlock] = [TextContent(type="text", text=text)]
-    for bundle in result.results:
-        for mime in ("image/png", "image/jpeg"):
-            if mime in bundle:
-                blocks.append(ImageContent(type="image", data=bundle[mime], mime_type=mime))
+    if images and text == NO_OUTPUT:
+        text = f"[Execution successful: {len(images)} image(s)]"
+    blocks: list[ContentBlock] = [TextContent(type="text", text=text), *images]
     structured = ExecutionResultModel.model_validate(result.to_dict()).model_dump(mode="json")
     return CallToolResult(content=blocks, structured_content=structured)
 
@@ -160,9 +173,7 @@ async def _with_progress(
     elapsed = 0.0
     while True:
         try:
-            result: ExecutionResult = await _tool_call(
-                asyncio.wait_for(asyncio.shield(task), every_s)
-            )
+            result: ExecutionResult = await asyncio.wait_for(asyncio.shield(task), every_s)
             return result
         except TimeoutError:
             elapsed += every_s

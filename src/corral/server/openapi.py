@@ -29,6 +29,7 @@ class Operation:
     raw_response: bool = False
     open: bool = False
     admin: bool = False
+    error_model: type[BaseModel] = s.ErrorResponse
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -116,19 +117,36 @@ OPERATIONS: tuple[Operation, ...] = (
         ok=(200, s.SessionModel),
         admin=True,
     ),
-    Operation("POST", "/execute", "coderunner: run code", body=s.CompatExecuteRequest),
-    Operation("POST", "/v1/sessions/session", "coderunner: create a session", ok=(201, None)),
+    Operation(
+        "POST",
+        "/execute",
+        "coderunner: run code",
+        body=s.CompatExecuteRequest,
+        ok=(200, s.CompatExecuteResponse),
+        error_model=s.CompatExecuteResponse,
+    ),
+    Operation(
+        "POST",
+        "/v1/sessions/session",
+        "coderunner: create a session",
+        ok=(201, s.CompatSession),
+        error_model=s.CompatError,
+    ),
     Operation(
         "GET",
         "/v1/sessions/session",
-        "coderunner: get or list sessions",
+        "coderunner: get one session (or list them all)",
+        ok=(200, s.CompatSessionOrList),
         query=(("session_id", "string", False),),
+        error_model=s.CompatError,
     ),
     Operation(
         "DELETE",
         "/v1/sessions/session",
         "coderunner: stop a session",
+        ok=(200, s.CompatSession),
         query=(("session_id", "string", False),),
+        error_model=s.CompatError,
     ),
 )
 
@@ -152,7 +170,6 @@ def document() -> dict[str, Any]:
     models: dict[str, Any] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, models)
-    models["ErrorResponse"] = _schema(s.ErrorResponse, models)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -206,7 +223,7 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     elif status != 204:
         schema = _schema(model, models) if model is not None else {"type": "object"}
         ok["content"] = {JSON: {"schema": schema}}
-    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    error_ref = _schema(op.error_model, models)
     responses = {str(status): ok}
     for code, text in ERRORS.items():
         responses[code] = {"description": text, "content": {JSON: {"schema": error_ref}}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 MAX_CODE_CHARS = 1_000_000
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -119,3 +119,32 @@ class CompatExecuteRequest(BaseModel):
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     language: Literal["python", "bash"] = "python"
     timeout: float | None = Field(default=None, gt=0)
+
+
+class CompatExecuteResponse(BaseModel):
+    """coderunner's answer to POST /execute (errors too, with the message in `stderr`)."""
+
+    stdout: str
+    stderr: str
+    execution_time: float
+    cpu_time: float
+
+
+class CompatSession(BaseModel):
+    session_id: str
+    status: Literal["active", "stopped"]
+    created_at: str
+
+
+class CompatSessionList(BaseModel):
+    sessions: list[CompatSession]
+
+
+class CompatSessionOrList(RootModel[CompatSession | CompatSessionList]):
+    """GET /v1/sessions/session: one session with ?session_id=, else all of them."""
+
+
+class CompatError(BaseModel):
+    """coderunner's error body: a message string."""
+
+    error: str

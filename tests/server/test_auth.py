@@ -1,0 +1,114 @@
+"""The guard, over real HTTP: tokens, roles, Host and Origin, fail-closed start."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from corral.config import Settings
+from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def test_health_is_open(server: RunningServer) -> None:
+    with server.client(token=None) as http:
+        response = http.get("/health")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("path", ["/v1/sessions", "/openapi.json", "/v1/admin/audit"])
+def test_missing_token_is_401_with_a_challenge(server: RunningServer, path: str) -> None:
+    with server.client(token=None) as http:
+        response = http.get(path)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    assert response.json()["error"]["code"] == "unauthorized"
+
+
+def test_wrong_token_is_401(server: RunningServer) -> None:
+    with server.client(token="x" * 43) as http:
+        assert http.get("/v1/sessions").status_code == 401
+
+
+def test_non_bearer_scheme_is_401(server: RunningServer) -> None:
+    assert server.tokens is not None
+    with server.client(
+        token=None, headers={"Authorization": f"Basic {server.tokens.agent}"}
+    ) as http:
+        assert http.get("/v1/sessions").status_code == 401
+
+
+def test_mcp_needs_a_token(server: RunningServer) -> None:
+    with server.client(token=None) as http:
+        response = http.post("/mcp", json=INIT, headers=MCP_HEADERS)
+    assert response.status_code == 401
+
+
+def test_agent_token_cannot_use_admin_routes(server: RunningServer) -> None:
+    with server.client("agent") as http:
+        response = http.get("/v1/admin/audit")
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "admin_only"
+
+
+def test_admin_token_reaches_admin_and_agent_routes(server: RunningServer) -> None:
+    with server.client("admin") as http:
+        assert http.get("/v1/admin/audit").status_code == 200
+        assert http.get("/v1/sessions").status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/health", "/v1/sessions", "/mcp"])
+def test_foreign_host_is_refused_on_every_route(server: RunningServer, route: str) -> None:
+    with server.client("agent", headers={"Host": "attacker.example:8222"}) as http:
+        response = http.get(route)
+    assert response.status_code == 421
+    assert "DNS rebinding" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("origin", ["http://attacker.example", "null", "file://"])
+def test_foreign_origin_is_refused(server: RunningServer, origin: str) -> None:
+    with server.client("agent", headers={"Origin": origin}) as http:
+        assert http.get("/v1/sessions").status_code == 403
+        assert http.post("/mcp", json=INIT, headers=MCP_HEADERS).status_code == 403
+
+
+def test_own_origin_is_accepted(server: RunningServer) -> None:
+    with server.client("agent", headers={"Origin": server.base_url}) as http:
+        assert http.get("/v1/sessions").status_code == 200
+
+
+def test_localhost_name_is_accepted(server: RunningServer) -> None:
+    port = server.settings.port
+    with server.client("agent", headers={"Host": f"localhost:{port}"}) as http:
+        assert http.get("/v1/sessions").status_code == 200
+
+
+def test_server_without_usable_tokens_fails_closed(server_settings: Settings) -> None:
+    run = Path(tempfile.mkdtemp(prefix="crz", dir="/tmp"))
+    settings = replace(server_settings, port=free_port(), run_root=run, state_dir=run / "state")
+    running, uv, thread = start_server(settings, None, "the token file is a link")
+    try:
+        with httpx.Client(base_url=running.base_url) as http:
+            assert http.get("/health").status_code == 200
+            response = http.get("/v1/sessions", headers={"Authorization": "Bearer " + "a" * 43})
+            assert response.status_code == 503
+            assert "the token file is a link" in response.json()["error"]["message"]
+            assert http.post("/mcp", json=INIT, headers=MCP_HEADERS).status_code == 503
+    finally:
+        stop_server(uv, thread)

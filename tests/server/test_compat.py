@@ -1,0 +1,84 @@
+"""coderunner's REST routes answer with coderunner's shapes and status codes."""
+
+from __future__ import annotations
+
+from tests.server.conftest import RunningServer
+
+
+def test_execute_with_code_returns_coderunner_fields(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post("/execute", json={"code": "print('hello')"})
+    body = response.json()
+    assert response.status_code == 200
+    assert set(body) == {"stdout", "stderr", "execution_time", "cpu_time"}
+    assert body["stdout"] == "hello\n" and body["stderr"] == ""
+
+
+def test_execute_accepts_command_and_marks_no_output(server: RunningServer) -> None:
+    with server.client() as http:
+        body = http.post("/execute", json={"command": "x = 1"}).json()
+    assert body["stdout"] == "[Execution successful with no output]"
+
+
+def test_execute_error_goes_to_stderr_with_coderunners_prefix(server: RunningServer) -> None:
+    with server.client() as http:
+        body = http.post("/execute", json={"code": "1/0"}).json()
+    assert body["stderr"].startswith("Error: Execution Error:\n")
+    assert "ZeroDivisionError" in body["stderr"]
+    assert "\x1b[" not in body["stderr"]
+
+
+def test_execute_without_code_is_400_in_coderunners_shape(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post("/execute", json={})
+    assert response.status_code == 400
+    assert response.json()["stderr"] == "Missing 'code' or 'command' field in request body"
+
+
+def test_execute_with_malformed_json_is_400(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post("/execute", content=b"{", headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["stdout"] == ""
+
+
+def test_session_routes_create_get_list_and_stop(server: RunningServer) -> None:
+    with server.client() as http:
+        created = http.post("/v1/sessions/session", json={"session_id": "compat-one"})
+        assert created.status_code == 201
+        assert created.json()["session_id"] == "compat-one"
+        assert created.json()["status"] == "active"
+        assert "T" in created.json()["created_at"]
+        assert (
+            http.post("/v1/sessions/session", json={"session_id": "compat-one"}).status_code == 409
+        )
+        got = http.get("/v1/sessions/session", params={"session_id": "compat-one"})
+        assert got.json()["status"] == "active"
+        listed = http.get("/v1/sessions/session").json()["sessions"]
+        assert "compat-one" in [s["session_id"] for s in listed]
+        run = http.post("/execute", json={"code": "v = 3", "session_id": "compat-one"})
+        assert run.status_code == 200
+        again = http.post("/execute", json={"code": "print(v)", "session_id": "compat-one"})
+        assert again.json()["stdout"] == "3\n"
+        stopped = http.delete("/v1/sessions/session", params={"session_id": "compat-one"})
+        assert stopped.json()["status"] == "stopped"
+        http.delete("/v1/sessions/compat-one")
+
+
+def test_session_errors_use_coderunners_error_shape(server: RunningServer) -> None:
+    with server.client() as http:
+        missing = http.get("/v1/sessions/session", params={"session_id": "compat-ghost"})
+        assert missing.status_code == 404
+        assert "compat-ghost" in missing.json()["error"]
+        bad = http.post("/v1/sessions/session", json={"session_id": "../bad"})
+        assert bad.status_code == 400
+        assert isinstance(bad.json()["error"], str)
+        assert http.delete("/v1/sessions/session").status_code == 400
+
+
+def test_created_session_without_id_gets_one(server: RunningServer) -> None:
+    with server.client() as http:
+        created = http.post("/v1/sessions/session")
+        assert created.status_code == 201
+        session_id = created.json()["session_id"]
+        http.delete(f"/v1/sessions/{session_id}")

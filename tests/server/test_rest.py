@@ -1,0 +1,265 @@
+"""The /v1 REST API over real HTTP against real sandboxes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.server.openapi import OPERATIONS
+from tests.server.conftest import RunningServer
+
+
+def test_session_lifecycle(server: RunningServer) -> None:
+    with server.client() as http:
+        created = http.post("/v1/sessions", json={"id": "rest-life"})
+        assert created.status_code == 201
+        assert created.json()["id"] == "rest-life" and created.json()["state"] == "idle"
+        assert "rest-life" in [s["id"] for s in http.get("/v1/sessions").json()["sessions"]]
+        assert http.get("/v1/sessions/rest-life").json()["kernels"] == ["python"]
+        assert http.post("/v1/sessions", json={"id": "rest-life"}).status_code == 409
+        assert http.post("/v1/sessions/rest-life/restart").json()["state"] == "idle"
+        assert http.post("/v1/sessions/rest-life/stop").json()["state"] == "stopped"
+        assert http.delete("/v1/sessions/rest-life").status_code == 204
+        assert http.get("/v1/sessions/rest-life").status_code == 404
+
+
+def test_execute_returns_the_result_model(server: RunningServer, sid: str) -> None:
+    with server.client() as http:
+        body = http.post(
+            f"/v1/sessions/{sid}/execute",
+            json={"code": "import sys\nprint('out')\nprint('err', file=sys.stderr)\n7"},
+        ).json()
+    assert (body["status"], body["stdout"], body["stderr"]) == ("ok", "out\n", "err\n")
+    assert body["results"] == [{"text/plain": "7"}]
+
+
+def test_execute_without_session_uses_the_default(server: RunningServer) -> None:
+    with server.client() as http:
+        body = http.post("/v1/execute", json={"code": "echo hi", "language": "bash"}).json()
+    assert body["session_id"] == "default" and body["stdout"] == "hi\n"
+
+
+def test_execute_streams_server_sent_events(server: RunningServer, sid: str) -> None:
+    code = "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.2)"
+    with (
+        server.client() as http,
+        http.stream(
+            "POST",
+            f"/v1/sessions/{sid}/execute",
+            json={"code": code},
+            headers={"Accept": "text/event-stream"},
+        ) as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
+    assert events.count("stdout") == 3
+    assert events[-1] == "result"
+
+
+def test_execute_streams_ndjson(server: RunningServer) -> None:
+    with (
+        server.client() as http,
+        http.stream(
+            "POST",
+            "/v1/execute",
+            json={"code": "print(1)\n1/0"},
+            headers={"Accept": "application/x-ndjson"},
+        ) as response,
+    ):
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    assert [line["type"] for line in lines] == ["stdout", "error", "result"]
+    assert lines[-1]["status"] == "error"
+
+
+def test_streaming_to_an_unknown_session_is_a_plain_404(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post(
+            "/v1/sessions/nobody/execute",
+            json={"code": "1"},
+            headers={"Accept": "text/event-stream"},
+        )
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "session_not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (b"[1, 2]", 422),
+        (b'{"code": 5}', 422),
+        (b'{"code": "1", "language": "ruby"}', 422),
+        (b'{"code": "1", "timeout_s": -1}', 422),
+        (b'{"code": "1", "unexpected": true}', 422),
+    ],
+)
+def test_malformed_bodies_are_refused_clearly(
+    server: RunningServer, body: bytes, status: int
+) -> None:
+    with server.client() as http:
+        response = http.post(
+            "/v1/execute", content=body, headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == status
+    assert response.json()["error"]["message"]
+
+
+def test_timeout_over_the_cap_is_refused(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post("/v1/execute", json={"code": "1", "timeout_s": 10_000})
+    assert response.status_code == 400
+    assert "timeout" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("bad", ["..", "a%2Fb", "-lead", "x" * 65])
+def test_bad_session_ids_are_refused(server: RunningServer, bad: str) -> None:
+    with server.client() as http:
+        response = http.get(f"/v1/sessions/{bad}")
+    assert response.status_code in (400, 404)
+    if response.status_code == 400:
+        assert "invalid session id" in response.json()["error"]["message"]
+
+
+def test_unknown_session_is_404(server: RunningServer) -> None:
+    with server.client() as http:
+        response = http.post("/v1/sessions/ghost-rest/execute", json={"code": "1"})
+    assert response.status_code == 404
+    assert "ghost-rest" in response.json()["error"]["message"]
+
+
+def test_files_upload_list_download_delete(server: RunningServer, sid: str) -> None:
+    with server.client() as http:
+        put = http.put(
+            f"/v1/sessions/{sid}/files/content",
+            params={"path": "d/data.bin"},
+            content=b"\x00\x01binary",
+        )
+        assert put.status_code == 201 and put.json()["size_bytes"] == 8
+        seen = http.post(
+            f"/v1/sessions/{sid}/execute",
+            json={"code": "open('/workspace/d/data.bin','rb').read()"},
+        ).json()
+        assert seen["results"] == [{"text/plain": "b'\\x00\\x01binary'"}]
+        listing = http.get(
+            f"/v1/sessions/{sid}/files", params={"path": ".", "recursive": "true"}
+        ).json()
+        assert [e["path"] for e in listing["entries"]] == ["d", "d/data.bin"]
+        got = http.get(f"/v1/sessions/{sid}/files/content", params={"path": "d/data.bin"})
+        assert got.content == b"\x00\x01binary"
+        assert (
+            http.delete(
+                f"/v1/sessions/{sid}/files", params={"path": "d", "recursive": "true"}
+            ).status_code
+            == 204
+        )
+        assert http.get(f"/v1/sessions/{sid}/files").json()["entries"] == []
+
+
+@pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x", "link/x"])
+def test_paths_that_escape_are_refused(server: RunningServer, sid: str, path: str) -> None:
+    with server.client() as http:
+        http.post(
+            f"/v1/sessions/{sid}/execute",
+            json={
+                "code": "import os\nif not os.path.lexists('/workspace/link'):\n"
+                "    os.symlink('/etc', '/workspace/link')"
+            },
+        )
+        put = http.put(f"/v1/sessions/{sid}/files/content", params={"path": path}, content=b"x")
+        get = http.get(f"/v1/sessions/{sid}/files/content", params={"path": path})
+    assert put.status_code == 400 and get.status_code == 400
+    assert put.json()["error"]["code"] == "path_refused"
+
+
+def test_symlink_to_host_file_is_not_read(server: RunningServer, sid: str) -> None:
+    with server.client() as http:
+        http.post(
+            f"/v1/sessions/{sid}/execute",
+            json={"code": "import os; os.symlink('/etc/hostname', '/workspace/h')"},
+        )
+        response = http.get(f"/v1/sessions/{sid}/files/content", params={"path": "h"})
+    assert response.status_code == 400
+
+
+def test_upload_past_the_cap_is_413_and_writes_nothing(server: RunningServer, sid: str) -> None:
+    cap = server.settings.max_upload_bytes
+    with server.client() as http:
+        response = http.put(
+            f"/v1/sessions/{sid}/files/content", params={"path": "big"}, content=b"x" * (cap + 1)
+        )
+        assert response.status_code == 413
+        assert http.get(f"/v1/sessions/{sid}/files").json()["entries"] == []
+
+
+def test_body_past_the_cap_is_413(server: RunningServer) -> None:
+    code = "#" * (server.settings.max_body_bytes + 10)
+    with server.client() as http:
+        response = http.post("/v1/execute", json={"code": code})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "body_too_large"
+
+
+def test_chunked_body_past_the_cap_is_413(server: RunningServer) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(50):
+            yield b"x" * 10_000
+
+    with server.client() as http:
+        response = http.post(
+            "/v1/execute", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 413
+
+
+def test_missing_file_is_404(server: RunningServer, sid: str) -> None:
+    with server.client() as http:
+        response = http.get(f"/v1/sessions/{sid}/files/content", params={"path": "nope"})
+    assert response.status_code == 404
+
+
+def test_audit_records_executions_and_pages(server: RunningServer, sid: str) -> None:
+    with server.client() as http:
+        for i in range(3):
+            http.post(f"/v1/sessions/{sid}/execute", json={"code": f"x = {i}"})
+    with server.client("admin") as admin:
+        first = admin.get(
+            "/v1/admin/audit", params={"session": sid, "kind": "execution", "limit": 2}
+        ).json()
+        assert [e["code"] for e in first["entries"]] == ["x = 2", "x = 1"]
+        rest = admin.get(
+            "/v1/admin/audit",
+            params={"session": sid, "kind": "execution", "before_id": first["next_before_id"]},
+        ).json()
+        assert [e["code"] for e in rest["entries"]] == ["x = 0"]
+        events = admin.get("/v1/admin/audit", params={"session": sid, "kind": "session"}).json()
+        assert [e["action"] for e in events["entries"]] == ["created"]
+
+
+def test_admin_can_stop_any_session_and_it_is_audited(server: RunningServer, sid: str) -> None:
+    with server.client("admin") as admin:
+        stopped = admin.post(f"/v1/admin/sessions/{sid}/stop")
+        assert stopped.json()["state"] == "stopped"
+        entries = admin.get("/v1/admin/audit", params={"session": sid, "kind": "session"}).json()[
+            "entries"
+        ]
+        assert (entries[0]["action"], entries[0]["actor"]) == ("stopped", "admin")
+
+
+def test_openapi_documents_exactly_the_routes(server: RunningServer) -> None:
+    from corral.server import compat, rest
+
+    routed = {
+        (method, route.path)
+        for route in [*compat.ROUTES, *rest.ROUTES]
+        for method in (route.methods or ())
+        if method != "HEAD"
+    }
+    routed |= {("GET", "/health"), ("GET", "/openapi.json")}
+    documented = {(op.method, op.path) for op in OPERATIONS}
+    assert routed == documented
+    with server.client() as http:
+        doc = http.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    served = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    assert served == documented
