@@ -2,5 +2,7 @@
 
 Each figure (cold session start, `1+1` round trip, idle memory per session) is measured beside
 a baseline taken in the same run: a plain `AsyncKernelManager` kernel over the same ipc
-transport, without bwrap. Results go to stdout (Markdown) and to `bench/results/`.
+transport, without bwrap. The `1+1` round trip is also taken through a real server, over REST and
+over MCP, beside in-process calls from the same run. Results go to stdout (Markdown) and to
+`bench/results/`.
 """

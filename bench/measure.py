@@ -1,7 +1,8 @@
-"""The three measurements, each taking corral and baseline samples alternately in one run.
+"""The four measurements, each taking its sides' samples in turn in one run.
 
-Alternating (corral first on even runs, baseline first on odd ones) spreads any drift of the
-machine, such as another process waking up, over both sides instead of one.
+Alternating (corral first on even runs, baseline first on odd ones; with three sides, each
+goes first in turn) spreads any drift of the machine, such as another process waking up, over
+every side instead of one.
 """
 
 from __future__ import annotations
@@ -9,13 +10,22 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from bench.baseline import BaselineKernel, BaselineRoots, baseline_kernel
 from bench.memory import MIB, TreeMemory, tree_memory
 from bench.sandboxed import corral_session, kernel_pid
+from bench.served import (
+    create_served_session,
+    mcp_client,
+    mcp_execute,
+    rest_client,
+    rest_execute,
+    served_corral,
+)
 from corral.kernels.sessions import SessionManager
 
 CODE = "1+1"
@@ -58,13 +68,24 @@ async def alternate(
 
     Returns (corral's samples, the baseline's samples), each `runs` long, in run order.
     """
-    kept: tuple[list[T], list[T]] = ([], [])
+    corral_samples, baseline_samples = await rotate((corral, baseline), runs, warmup)
+    return corral_samples, baseline_samples
+
+
+async def rotate(
+    samplers: Sequence[Callable[[], Awaitable[T]]], runs: int, warmup: int = 0
+) -> list[list[T]]:
+    """`warmup` discarded then `runs` kept samples of each sampler; run i starts with i mod n.
+
+    Returns one list per sampler, in the order of `samplers`, each `runs` long, in run order.
+    """
+    kept: list[list[T]] = [[] for _ in samplers]
     for index in range(warmup + runs):
-        order = ((corral, kept[0]), (baseline, kept[1]))
-        for sampler, samples in order if index % 2 == 0 else reversed(order):
-            value = await sampler()
+        first = index % len(samplers)
+        for position in [*range(first, len(samplers)), *range(first)]:
+            value = await samplers[position]()
             if index >= warmup:
-                samples.append(value)
+                kept[position].append(value)
     return kept
 
 
@@ -181,3 +202,46 @@ async def measure_memory(
         return [getattr(sample, field) / MIB for sample in samples]
 
     return {field: Paired(mib(corral, field), mib(baseline, field)) for field in MEMORY_FIELDS}
+
+
+# -- 4. round trip of 1+1 through the server ----------------------------------------------
+
+
+async def timed(sample: Callable[[], Awaitable[object]]) -> float:
+    """Seconds `sample()` took; it raises when its execution did not succeed."""
+    started = time.perf_counter()
+    await sample()
+    return time.perf_counter() - started
+
+
+async def measure_served_round_trip(
+    manager: SessionManager, workdir: Path, plan: Plan
+) -> dict[str, Paired]:
+    """`1+1` through REST and through MCP, each paired with in-process samples, in ms.
+
+    A real server runs in a thread; one session of its own serves both transports, and one
+    session of `manager` the in-process side. The three are sampled in rotation. Keys are
+    "rest" and "mcp"; each `Paired` has the transport as corral, in-process as baseline.
+    """
+    log(f"round trip via REST and MCP: {plan.rt_warmup} warm-up + {plan.rt_runs} runs per side")
+    async with (
+        corral_session(manager) as session_id,
+        served_corral(workdir) as served,
+        rest_client(served) as rest,
+        mcp_client(served) as mcp,
+    ):
+        await manager.create(session_id)
+        await create_served_session(rest, session_id)
+        in_process, over_rest, over_mcp = await rotate(
+            (
+                lambda: corral_round_trip(manager, session_id),
+                lambda: timed(lambda: rest_execute(rest, session_id, CODE)),
+                lambda: timed(lambda: mcp_execute(mcp, session_id, CODE)),
+            ),
+            plan.rt_runs,
+            plan.rt_warmup,
+        )
+    return {
+        "rest": to_ms((over_rest, in_process)),
+        "mcp": to_ms((over_mcp, in_process)),
+    }

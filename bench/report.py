@@ -13,11 +13,29 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
+class Table:
+    """One table of the Markdown report: its heading (none for the first) and column names."""
+
+    key: str
+    heading: str | None
+    sides: tuple[str, str]
+
+
+# The first table compares sandboxed corral with the unsandboxed baseline; the second, corral
+# reached through its server with corral called in-process.
+TABLES = (
+    Table("main", None, ("corral", "baseline")),
+    Table("served", "Through the server", ("through the server", "in-process")),
+)
+
+
+@dataclass(frozen=True)
 class Metric:
     """One measured figure on both sides, in `unit`.
 
     `shown` lists the (percentile, label) pairs that get a row in the Markdown table;
-    `digits` is how many decimals the table prints.
+    `digits` is how many decimals the table prints; `table` is the key of its `Table`, whose
+    `sides` name what `corral` and `baseline` hold.
     """
 
     key: str
@@ -29,6 +47,7 @@ class Metric:
     shown: tuple[tuple[int, str], ...]
     digits: int
     in_table: bool = True
+    table: str = "main"
 
     def ratio(self, q: int) -> float | None:
         """corral / baseline at percentile `q` (None if the baseline is not positive)."""
@@ -68,14 +87,14 @@ def results_document(
     }
 
 
-def markdown_table(metrics: list[Metric]) -> str:
-    """The table: one row per shown percentile of each metric that is `in_table`."""
+def markdown_table(metrics: list[Metric], table: Table = TABLES[0]) -> str:
+    """`table`: one row per shown percentile of each of its metrics that is `in_table`."""
     lines = [
-        "| metric | corral | baseline | ratio | difference |",
+        f"| metric | {table.sides[0]} | {table.sides[1]} | ratio | difference |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for metric in metrics:
-        if not metric.in_table:
+        if not metric.in_table or metric.table != table.key:
             continue
         for q, label in metric.shown:
             cells = [
@@ -102,7 +121,7 @@ def _format_ratio(value: float | None) -> str:
 def markdown_report(
     system: dict[str, Any], config: dict[str, Any], metrics: list[Metric], notes: list[str]
 ) -> str:
-    """The Markdown report: header with date and machine, the table, then `notes`."""
+    """The Markdown report: header with date and machine, the tables, then `notes`."""
     cores = system["cpu_cores"]
     physical = system.get("cpu_cores_physical")
     core_text = f"{cores} cores" + (f" ({physical} physical)" if physical else "")
@@ -115,7 +134,14 @@ def markdown_report(
         f"- Mode: {'quick' if config['quick'] else 'full'}; total run {config['total_s']:.0f} s",
         "",
     ]
-    body = [markdown_table(metrics), "", *(f"- {note}" for note in notes), ""]
+    body: list[str] = []
+    for table in TABLES:
+        if not any(metric.in_table and metric.table == table.key for metric in metrics):
+            continue
+        if table.heading is not None:
+            body += [f"## {table.heading}", ""]
+        body += [markdown_table(metrics, table), ""]
+    body += [*(f"- {note}" for note in notes), ""]
     return "\n".join(header + body)
 
 

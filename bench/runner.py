@@ -15,6 +15,7 @@ from bench.measure import (
     measure_cold_start,
     measure_memory,
     measure_round_trip,
+    measure_served_round_trip,
 )
 from bench.report import Metric
 from bench.sandboxed import corral_manager
@@ -22,10 +23,13 @@ from bench.stats import Summary
 
 
 async def collect(plan: Plan) -> dict[str, Paired]:
-    """All samples of one run, keyed "cold_start", "round_trip", "pss", "uss" and "rss".
+    """All samples of one run, keyed by measurement.
 
-    Temporary state, run and baseline directories are removed and every kernel is stopped
-    before this returns or raises.
+    The keys are "cold_start", "round_trip", "round_trip_rest", "round_trip_mcp", "pss",
+    "uss" and "rss".
+
+    Temporary state, run and baseline directories are removed, the bench's server is shut
+    down and every kernel is stopped before this returns or raises.
     """
     workdir = Path(tempfile.mkdtemp(prefix="corral-bench-"))
     roots = BaselineRoots(
@@ -38,6 +42,8 @@ async def collect(plan: Plan) -> dict[str, Paired]:
                 "cold_start": await measure_cold_start(manager, roots, plan),
                 "round_trip": await measure_round_trip(manager, roots, plan),
             }
+            served = await measure_served_round_trip(manager, workdir / "served", plan)
+            samples.update({f"round_trip_{key}": paired for key, paired in served.items()})
             samples.update(await measure_memory(manager, roots, plan))
             return samples
     finally:
@@ -73,6 +79,32 @@ def build_metrics(samples: dict[str, Paired]) -> list[Metric]:
             *both("round_trip"),
             shown=((50, "p50"), (99, "p99")),
             digits=2,
+        ),
+        Metric(
+            "round_trip_rest",
+            "`1+1` round trip via REST",
+            "ms",
+            'POST /v1/sessions/{id}/execute with {"code": "1+1"} on one keep-alive '
+            "httpx client, to a real server (uvicorn in a thread on 127.0.0.1), until the "
+            "JSON result is read. corral: through the server; baseline: in-process "
+            "SessionManager.execute(), sampled in rotation with REST and MCP.",
+            *both("round_trip_rest"),
+            shown=((50, "p50"), (99, "p99")),
+            digits=2,
+            table="served",
+        ),
+        Metric(
+            "round_trip_mcp",
+            "`1+1` round trip via MCP",
+            "ms",
+            "The execute_python_code tool with command 1+1, called by the MCP SDK's Client "
+            "over streamable HTTP (one httpx2 client) on the same server and session as REST. "
+            "corral: through the server; baseline: in-process SessionManager.execute(), "
+            "sampled in rotation with REST and MCP.",
+            *both("round_trip_mcp"),
+            shown=((50, "p50"), (99, "p99")),
+            digits=2,
+            table="served",
         ),
         Metric(
             "idle_pss_per_session",
@@ -131,10 +163,26 @@ def notes(plan: Plan, metrics: list[Metric]) -> list[str]:
         "warm-up; a new session or kernel each time, stopped outside the timed part.",
         f"Round trip: {plan.rt_runs} runs per side after {plan.rt_warmup} warm-up runs, on "
         "one session and one baseline kernel.",
+        "Through the server: a real server (uvicorn in a thread on 127.0.0.1, agent token) "
+        "with one session; REST is `POST /v1/sessions/{id}/execute` on one keep-alive httpx "
+        "client, MCP the `execute_python_code` tool from the SDK's `Client` over streamable "
+        "HTTP. The in-process column is retaken in the same rotation (in-process, REST, MCP, "
+        f"each first in turn; {plan.rt_runs} runs per side after {plan.rt_warmup} warm-up), "
+        "so it can differ a little from the first table's figure. "
+        f"{_transport_text(by_key)}",
         f"Memory: median of {plan.memory_sessions} kernels per side, each alone and measured "
         f"{plan.settle_s:g} s after it first answered; psutil `memory_full_info()` over "
         "`children(recursive=True)` plus the root. USS and RSS are in latest.json.",
     ]
+
+
+def _transport_text(by_key: dict[str, Metric]) -> str:
+    """What REST and MCP add to an in-process `1+1`, at p50."""
+    parts = [
+        f"{name} adds {by_key[key].difference(50):+.2f} ms at p50"
+        for name, key in (("REST", "round_trip_rest"), ("MCP", "round_trip_mcp"))
+    ]
+    return "; ".join(parts) + "."
 
 
 def _ratio_text(value: float | None) -> str:

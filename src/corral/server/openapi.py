@@ -15,6 +15,13 @@ from corral import __version__
 from corral.server import schemas as s
 
 JSON = "application/json"
+PATH_Q: dict[str, Any] = {"type": "string", "minLength": 1}
+BOOL_Q: dict[str, Any] = {"type": "boolean"}
+ID_Q: dict[str, Any] = {"type": "string", "pattern": s.SESSION_ID_PATTERN}
+TEXT_Q: dict[str, Any] = {"type": "string"}
+KIND_Q: dict[str, Any] = {"type": "string", "enum": ["execution", "session", "admin", "network"]}
+ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
+LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
 
 
 @dataclass(frozen=True)
@@ -24,7 +31,10 @@ class Operation:
     summary: str
     body: type[BaseModel] | None = None
     ok: tuple[int, type[BaseModel] | None] = (200, None)
-    query: tuple[tuple[str, str, bool], ...] = field(default=())  # name, type, required
+    query: tuple[tuple[str, dict[str, Any], bool], ...] = field(
+        default=()
+    )  # name, schema, required
+    body_required: bool = True
     raw_body: bool = False
     raw_response: bool = False
     open: bool = False
@@ -40,6 +50,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/sessions",
         "Create a session",
         body=s.CreateSessionRequest,
+        body_required=False,
         ok=(201, s.SessionModel),
     ),
     Operation("GET", "/v1/sessions", "List sessions", ok=(200, s.SessionList)),
@@ -73,20 +84,20 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/sessions/{id}/files",
         "List workspace files",
         ok=(200, s.FileListing),
-        query=(("path", "string", False), ("recursive", "boolean", False)),
+        query=(("path", PATH_Q, False), ("recursive", BOOL_Q, False)),
     ),
     Operation(
         "DELETE",
         "/v1/sessions/{id}/files",
         "Delete a workspace file or directory",
         ok=(204, None),
-        query=(("path", "string", True), ("recursive", "boolean", False)),
+        query=(("path", PATH_Q, True), ("recursive", BOOL_Q, False)),
     ),
     Operation(
         "GET",
         "/v1/sessions/{id}/files/content",
         "Download a workspace file",
-        query=(("path", "string", True),),
+        query=(("path", PATH_Q, True),),
         raw_response=True,
     ),
     Operation(
@@ -94,7 +105,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/sessions/{id}/files/content",
         "Upload a workspace file (raw body)",
         ok=(201, s.FileEntryModel),
-        query=(("path", "string", True),),
+        query=(("path", PATH_Q, True),),
         raw_body=True,
     ),
     Operation(
@@ -104,10 +115,10 @@ OPERATIONS: tuple[Operation, ...] = (
         ok=(200, s.AuditPageModel),
         admin=True,
         query=(
-            ("kind", "string", False),
-            ("session", "string", False),
-            ("before_id", "integer", False),
-            ("limit", "integer", False),
+            ("kind", KIND_Q, False),
+            ("session", TEXT_Q, False),
+            ("before_id", ID_NUMBER_Q, False),
+            ("limit", LIMIT_Q, False),
         ),
     ),
     Operation(
@@ -129,6 +140,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "POST",
         "/v1/sessions/session",
         "coderunner: create a session",
+        body=s.CompatSessionRequest,
+        body_required=False,
         ok=(201, s.CompatSession),
         error_model=s.CompatError,
     ),
@@ -137,15 +150,17 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/sessions/session",
         "coderunner: get one session (or list them all)",
         ok=(200, s.CompatSessionOrList),
-        query=(("session_id", "string", False),),
+        query=(("session_id", ID_Q, False),),
         error_model=s.CompatError,
     ),
     Operation(
         "DELETE",
         "/v1/sessions/session",
-        "coderunner: stop a session",
+        "coderunner: stop a session (session_id in the query or the body)",
+        body=s.CompatSessionRequest,
+        body_required=False,
         ok=(200, s.CompatSession),
-        query=(("session_id", "string", False),),
+        query=(("session_id", ID_Q, False),),
         error_model=s.CompatError,
     ),
 )
@@ -162,6 +177,12 @@ ERRORS = {
     "429": "A limit was reached",
     "503": "Unavailable",
 }
+
+
+# Answered by the guard and the body limit before any route runs, always in corral's shape.
+GUARD_CODES = frozenset({"401", "413", "421"})
+# Answered by the guard (403 Origin, 503 no token) or by the route, in the route's shape.
+SHARED_CODES = frozenset({"403", "503"})
 
 
 def document() -> dict[str, Any]:
@@ -190,14 +211,14 @@ def _operation(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {"summary": op.summary, "operationId": _operation_id(op)}
     parameters = [_path_param(name) for name in _path_names(op.path)]
     parameters += [
-        {"name": name, "in": "query", "required": required, "schema": {"type": kind}}
-        for name, kind, required in op.query
+        {"name": name, "in": "query", "required": required, "schema": schema}
+        for name, schema, required in op.query
     ]
     if parameters:
         spec["parameters"] = parameters
     if op.body is not None:
         spec["requestBody"] = {
-            "required": True,
+            "required": op.body_required,
             "content": {JSON: {"schema": _schema(op.body, models)}},
         }
     elif op.raw_body:
@@ -223,10 +244,17 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     elif status != 204:
         schema = _schema(model, models) if model is not None else {"type": "object"}
         ok["content"] = {JSON: {"schema": schema}}
-    error_ref = _schema(op.error_model, models)
+    route_error = _schema(op.error_model, models)
+    guard_error = _schema(s.ErrorResponse, models)
     responses = {str(status): ok}
     for code, text in ERRORS.items():
-        responses[code] = {"description": text, "content": {JSON: {"schema": error_ref}}}
+        if code in GUARD_CODES:
+            schema = guard_error
+        elif code in SHARED_CODES and route_error != guard_error:
+            schema = {"anyOf": [route_error, guard_error]}
+        else:
+            schema = route_error
+        responses[code] = {"description": text, "content": {JSON: {"schema": schema}}}
     return responses
 
 

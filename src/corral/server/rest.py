@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -182,7 +182,7 @@ async def list_files(request: Request) -> Response:
     listing = service_of(request).list_files(
         request.path_params["id"],
         params.get("path", "."),
-        recursive=params.get("recursive", "false").lower() in ("1", "true", "yes"),
+        recursive=_bool_param(params.get("recursive")),
     )
     return JSONResponse(listing)
 
@@ -199,7 +199,7 @@ async def upload_file(request: Request) -> Response:
 
 
 async def delete_file(request: Request) -> Response:
-    recursive = request.query_params.get("recursive", "false").lower() in ("1", "true", "yes")
+    recursive = _bool_param(request.query_params.get("recursive"))
     service_of(request).delete_file(
         request.path_params["id"], _required_path(request), recursive=recursive
     )
@@ -222,7 +222,7 @@ async def admin_audit(request: Request) -> Response:
         kind=params.get("kind"),
         session=params.get("session"),
         before_id=_int_param(params.get("before_id")),
-        limit=_int_param(params.get("limit")) or 100,
+        limit=_int_param(params.get("limit"), default=100),
     )
     return JSONResponse(page)
 
@@ -232,9 +232,22 @@ async def admin_stop_session(request: Request) -> Response:
     return JSONResponse(info.to_dict())
 
 
-def _int_param(raw: str | None) -> int | None:
+def _bool_param(raw: str | None) -> bool:
     if raw is None:
-        return None
+        return False
+    value = raw.lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise InvalidInput(f"{raw!r} is not true or false")
+    return value in ("true", "1", "yes")
+
+
+@overload
+def _int_param(raw: str | None) -> int | None: ...
+@overload
+def _int_param(raw: str | None, default: int) -> int: ...
+def _int_param(raw: str | None, default: int | None = None) -> int | None:
+    if raw is None:
+        return default
     try:
         return int(raw)
     except ValueError as exc:

@@ -113,7 +113,10 @@ class AuditPageModel(BaseModel):
 class CompatExecuteRequest(BaseModel):
     """coderunner's POST /execute: `code` or `command`, optional `session_id`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={"anyOf": [{"required": ["code"]}, {"required": ["command"]}]},
+    )
     code: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
     command: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
@@ -138,6 +141,11 @@ class CompatSession(BaseModel):
 
 class CompatSessionList(BaseModel):
     sessions: list[CompatSession]
+
+
+class CompatSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
 
 
 class CompatSessionOrList(RootModel[CompatSession | CompatSessionList]):

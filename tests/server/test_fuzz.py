@@ -1,0 +1,181 @@
+"""Schema-based fuzzing of the REST API from its own OpenAPI document, against a real server.
+
+schemathesis turns every documented operation into a strategy of requests, schema-valid and
+schema-violating (its positive and negative modes); hypothesis draws a bounded, seeded number
+of them per operation, sent with the agent token (the admin token on `/v1/admin/` routes).
+Every response must not be a 5xx and must conform to the document: a documented status code,
+its content type, its headers and its body schema.
+
+The document is `corral.server.openapi.document()`, checked to be exactly what the live server
+serves at `/openapi.json`. schemathesis' own pytest loaders are not used: under pytest 9.2,
+`schemathesis.pytest.from_fixture` fails on the removed `Node._nodeid`, and
+`schema.parametrize()` gives every operation the same node id.
+
+The server is this module's own, not the shared `server` fixture: the fuzzer creates, stops,
+restarts and deletes sessions up to the session cap and runs generated code, which would
+disturb tests sharing a server. Its execution timeout is short, so no generated code holds a
+case for long.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from schemathesis.config import SchemathesisConfig
+
+from corral.server.openapi import document
+from corral.tokens import load_tokens
+from tests.conftest import make_settings
+from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+
+SEED = 20_261_129
+MAX_EXAMPLES = 25  # per operation
+REQUEST_TIMEOUT_S = 30.0  # per request; an execution is capped far lower, at EXEC_TIMEOUT_S
+EXEC_TIMEOUT_S = 5.0
+# A session that exists, so that requests reach real sessions as well as unknown ids.
+KNOWN_SESSION = "fuzz-known"
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+CONFIG = SchemathesisConfig.from_dict(
+    {
+        # Generated Authorization headers would only meet 401: every request has a real token.
+        "generation": {"with-security-parameters": False},
+        # Failure reports hide the token but keep session ids, so that they can be replayed.
+        "output": {
+            "sanitization": {
+                "keys-to-sanitize": ["authorization"],
+                "sensitive-markers": ["token", "secret", "password"],
+            }
+        },
+    }
+)
+SCHEMA = schemathesis.openapi.from_dict(document(), config=CONFIG)
+OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_operations())}
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A real server of its own, with short execution limits and a small session cap."""
+    root = tmp_path_factory.mktemp("fuzz")
+    run = Path(tempfile.mkdtemp(prefix="crfz", dir="/tmp"))
+    server_settings = replace(
+        make_settings(root / "state", run),
+        config_dir=root / "config",
+        port=free_port(),
+        max_sessions=4,
+        exec_timeout_s=EXEC_TIMEOUT_S,
+        interrupt_grace_s=1.0,
+        max_output_bytes=20_000,
+        max_body_bytes=200_000,
+        max_upload_bytes=1_000_000,
+    )
+    tokens = load_tokens(server_settings.config_dir, env={})
+    running, uv, thread = start_server(server_settings, tokens)
+    try:
+        yield running
+    finally:
+        stop_server(uv, thread)
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def test_fuzzed_document_is_the_one_the_server_serves(fuzz_server: RunningServer) -> None:
+    with fuzz_server.client() as client:
+        response = client.get("/openapi.json")
+    assert response.status_code == 200
+    assert response.json() == document()
+
+
+def test_no_documented_schema_is_a_reference_to_itself() -> None:
+    """A schema that is only a $ref to itself accepts anything: no body would be checked."""
+    schemas = document()["components"]["schemas"]
+    for name, schema in schemas.items():
+        assert schema.get("$ref") != f"#/components/schemas/{name}", name
+
+
+def _strategy(label: str) -> Any:
+    """Valid and invalid requests for one operation, some of them on a session that exists."""
+    operation = OPERATIONS[label]
+    strategies = [
+        operation.as_strategy(GenerationMode.POSITIVE),
+        operation.as_strategy(GenerationMode.NEGATIVE),
+    ]
+    if "{id}" in operation.path:
+        strategies += [
+            operation.as_strategy(mode, path_parameters={"id": KNOWN_SESSION})
+            for mode in GenerationMode
+        ]
+    return st.one_of(strategies)
+
+
+def _ensure_known_session(client: httpx.Client) -> None:
+    """Create KNOWN_SESSION again if an earlier case deleted it (409: it is still there)."""
+    response = client.post("/v1/sessions", json={"id": KNOWN_SESSION})
+    assert response.status_code in (201, 409, 429), response.text
+
+
+@pytest.fixture
+def only_known_session(fuzz_server: RunningServer) -> None:
+    """Each operation starts with KNOWN_SESSION alone, so that the session cap is not spent."""
+    with fuzz_server.client() as client:
+        for session in client.get("/v1/sessions").json()["sessions"]:
+            if session["id"] != KNOWN_SESSION:
+                assert client.delete(f"/v1/sessions/{session['id']}").status_code == 204
+        _ensure_known_session(client)
+
+
+@pytest.mark.usefixtures("only_known_session")
+@pytest.mark.parametrize("label", list(OPERATIONS))
+def test_rest_api_answers_generated_requests_without_5xx_and_as_documented(
+    label: str, fuzz_server: RunningServer
+) -> None:
+    assert fuzz_server.tokens is not None
+    admin = OPERATIONS[label].path.startswith("/v1/admin/")
+    token = fuzz_server.tokens.admin if admin else fuzz_server.tokens.agent
+    headers = {"Authorization": f"Bearer {token}"}
+
+    @seed(SEED)
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: every case runs real code
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+    )
+    @given(case=_strategy(label))
+    def fuzz(case: Any) -> None:
+        if (case.path_parameters or {}).get("id") == KNOWN_SESSION:
+            with fuzz_server.client() as client:
+                _ensure_known_session(client)
+        case.call_and_validate(
+            base_url=fuzz_server.base_url,
+            headers=headers,
+            checks=CHECKS,
+            timeout=REQUEST_TIMEOUT_S,
+        )
+
+    fuzz()
