@@ -192,9 +192,11 @@ def serve(host: str | None, port: int | None, allow_remote: bool) -> None:
     tokens, problem = _tokens_or_problem(settings)
     url = f"http://{_url_host(settings.host)}:{settings.port}/mcp"
     err.print(f"corral {__version__}: MCP at {url}, REST at {url[:-4]}/v1")
+    if tokens is not None:
+        err.print(f"agent token: {tokens.agent}", markup=False, highlight=False)
     err.print(
-        f"agent token in {token_path(settings.config_dir, Role.AGENT)}; "
-        "'corral mcp-config CLIENT' prints a ready client snippet"
+        f"(kept in {token_path(settings.config_dir, Role.AGENT)}; "
+        "'corral mcp-config CLIENT' prints a ready client snippet)"
     )
     run_server(settings, Service(settings), tokens, problem)
 

@@ -114,6 +114,15 @@ class Service:
         self._audit_session(info.id, "stopped", actor)
         return info
 
+    async def admin_stop_session(self, session_id: str) -> SessionInfo:
+        """The operator stops any session: a session event and an admin action."""
+        info = await self.stop_session(session_id, actor="admin")
+        try:
+            self.audit.record_admin("stop_session", session_id, session=session_id)
+        except CorralError:
+            log.exception("the audit log refused an admin record")
+        return info
+
     async def restart_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
         info = await self.sessions.restart(session_id)
         self._audit_session(info.id, "restarted", actor)

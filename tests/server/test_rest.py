@@ -244,6 +244,8 @@ def test_admin_can_stop_any_session_and_it_is_audited(server: RunningServer, sid
             "entries"
         ]
         assert (entries[0]["action"], entries[0]["actor"]) == ("stopped", "admin")
+        actions = admin.get("/v1/admin/audit", params={"session": sid, "kind": "admin"}).json()
+        assert [e["action"] for e in actions["entries"]] == ["stop_session"]
 
 
 def test_openapi_documents_exactly_the_routes(server: RunningServer) -> None:

@@ -228,7 +228,7 @@ async def admin_audit(request: Request) -> Response:
 
 
 async def admin_stop_session(request: Request) -> Response:
-    info = await service_of(request).stop_session(request.path_params["id"], actor="admin")
+    info = await service_of(request).admin_stop_session(request.path_params["id"])
     return JSONResponse(info.to_dict())
 
 
