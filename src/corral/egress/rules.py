@@ -3,8 +3,8 @@
 A policy is a mode (`none`, `allowlist`, `public`) and, for allowlists, entries: exact domains,
 `*.domain` wildcards, `host:port`, IP addresses and CIDR ranges, or named presets
 (`corral.egress.presets`). Addresses that are not global (loopback, private, link-local and
-metadata, CGNAT, multicast, reserved, and the IPv4 forms embedded in IPv6) are refused in every mode unless the operator listed that
-exact address or a range holding it.
+metadata, CGNAT, multicast, reserved, and the IPv4 forms embedded in IPv6) are refused in
+every mode unless the operator listed that exact address or a range holding it.
 """
 
 from __future__ import annotations
