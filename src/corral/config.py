@@ -37,6 +37,10 @@ class Settings:
     tmp_size_bytes: int = 512 * MIB
     home_size_bytes: int = 128 * MIB
     progress_interval_s: float = 5.0
+    net_default: str = "none"  # the network mode of new sessions: none, allowlist or public
+    net_allow: str = ""  # the allowlist of new sessions, comma-separated
+    egress_max_connections: int = 64
+    egress_idle_timeout_s: float = 300.0
     max_body_bytes: int = 10 * MIB
     max_upload_bytes: int = 100 * MIB
     allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated

@@ -14,11 +14,20 @@ from typing import Any
 
 from corral.audit import AuditLog
 from corral.config import Settings
+from corral.egress.network import Network
+from corral.egress.protocol import Target
+from corral.egress.proxy import Resolver
+from corral.egress.rules import Decision, Policy
 from corral.errors import CorralError
 from corral.files import Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
-from corral.kernels.sessions import SessionInfo, SessionManager, validate_language
+from corral.kernels.sessions import (
+    DEFAULT_SESSION,
+    SessionInfo,
+    SessionManager,
+    validate_language,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +35,20 @@ log = logging.getLogger(__name__)
 class Service:
     """Sessions, execution, files and the audit log for one corral server (or CLI command)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, resolver: Resolver | None = None) -> None:
         self.settings = settings
         self.sessions = SessionManager(settings)
         self.audit = AuditLog(settings.db_path)
+        self.network = Network(
+            settings,
+            self.sessions.store,
+            self._audit_decision,
+            **({"resolver": resolver} if resolver else {}),
+        )
+        self.sessions.egress = self.network
 
     async def __aenter__(self) -> Service:
+        self.network.open()
         await self.sessions.open()
         return self
 
@@ -42,6 +59,7 @@ class Service:
         tb: TracebackType | None,
     ) -> None:
         await self.sessions.close()
+        await self.network.close()
         self.audit.close()
 
     # -- execution -----------------------------------------------------------------------
@@ -162,6 +180,80 @@ class Service:
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
+
+    # -- network -----------------------------------------------------------------------------
+
+    def network_policy(self, session_id: str) -> dict[str, Any]:
+        """The session's policy and its proxy counters."""
+        self._known(session_id)
+        return {
+            **self.network.policy(session_id).to_dict(),
+            "stats": self.network.proxy.stats(session_id),
+        }
+
+    def set_network(self, session_id: str, mode: str, allow: list[str]) -> dict[str, Any]:
+        self._known(session_id)
+        return self._changed(session_id, "set_network", *self.network.set(session_id, mode, allow))
+
+    def allow_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+        self._known(session_id)
+        return self._changed(session_id, "allow_network", *self.network.allow(session_id, hosts))
+
+    def deny_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+        self._known(session_id)
+        return self._changed(session_id, "deny_network", *self.network.deny(session_id, hosts))
+
+    def request_network_access(
+        self, session_id: str | None, hosts: list[str], reason: str
+    ) -> dict[str, Any]:
+        """An agent asks; the request waits for the operator and grants nothing by itself."""
+        session = self.sessions.session_for(session_id).record.id
+        return self.network.request(session, hosts, reason).to_dict()
+
+    def network_requests(self, status: str | None = None) -> list[dict[str, Any]]:
+        return [request.to_dict() for request in self.network.requests(status)]
+
+    def decide_network_request(self, request_id: int, approve: bool) -> dict[str, Any]:
+        request = self.network.decide(request_id, approve)
+        self._audit_admin(
+            "approve_network" if approve else "reject_network",
+            request.session,
+            {"request": request_id, "hosts": request.hosts},
+        )
+        return request.to_dict()
+
+    def _known(self, session_id: str) -> None:
+        if session_id != DEFAULT_SESSION:
+            self.sessions.get(session_id)
+
+    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> dict[str, Any]:
+        self._audit_admin(action, session_id, {**policy.to_dict(), "tunnels_closed": cut})
+        return {**policy.to_dict(), "tunnels_closed": cut}
+
+    def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
+        try:
+            self.audit.record_admin(action, session_id, session=session_id, detail=detail)
+        except CorralError:
+            log.exception("the audit log refused an admin record")
+
+    def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
+        try:
+            self.audit.record(
+                "network",
+                actor="agent",
+                action="allow" if decision.allowed else "deny",
+                session=session_id,
+                target=f"{target.host}:{target.port}",
+                detail={
+                    "host": target.host,
+                    "port": target.port,
+                    "allowed": decision.allowed,
+                    "address": str(decision.address) if decision.address else None,
+                    "rule": decision.rule,
+                },
+            )
+        except CorralError:
+            log.exception("the audit log refused a network record")
 
     # -- audit -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ listed as stopped until it is used again.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -20,6 +21,20 @@ CREATE TABLE IF NOT EXISTS sessions (
     last_used_at REAL NOT NULL,
     state TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS net_policies (
+    session TEXT PRIMARY KEY,
+    mode TEXT NOT NULL,
+    allow TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS net_requests (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    hosts TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    decided_at REAL
+);
 """
 
 
@@ -29,6 +44,22 @@ class SessionRecord:
     created_at: float
     last_used_at: float
     state: str
+
+
+@dataclass
+class NetRequest:
+    """An agent's request for network access, waiting for (or decided by) the operator."""
+
+    id: int
+    session: str
+    hosts: list[str]
+    reason: str
+    status: str  # pending, approved, rejected
+    created_at: float
+    decided_at: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
 
 
 class Store:
@@ -67,6 +98,45 @@ class Store:
 
     def mark_all_stopped(self) -> None:
         self._write("UPDATE sessions SET state = 'stopped' WHERE state != 'stopped'", ())
+
+    # -- network policies and requests -----------------------------------------------------
+
+    def put_policy(self, session_id: str, mode: str, allow: list[str]) -> None:
+        self._write(
+            "INSERT INTO net_policies(session, mode, allow) VALUES (?, ?, ?) "
+            "ON CONFLICT(session) DO UPDATE SET mode=excluded.mode, allow=excluded.allow",
+            (session_id, mode, json.dumps(allow)),
+        )
+
+    def policies(self) -> dict[str, tuple[str, list[str]]]:
+        rows = self._db.execute("SELECT session, mode, allow FROM net_policies").fetchall()
+        return {session: (mode, json.loads(allow)) for session, mode, allow in rows}
+
+    def add_request(self, session_id: str, hosts: list[str], reason: str) -> int:
+        try:
+            cursor = self._db.execute(
+                "INSERT INTO net_requests(session, hosts, reason, status, created_at) "
+                "VALUES (?, ?, ?, 'pending', ?)",
+                (session_id, json.dumps(hosts), reason, now()),
+            )
+        except sqlite3.Error as exc:
+            raise SandboxError(f"the session database refused a write: {exc}") from exc
+        return int(cursor.lastrowid or 0)
+
+    def requests(self, status: str | None = None) -> list[NetRequest]:
+        sql = "SELECT id, session, hosts, reason, status, created_at, decided_at FROM net_requests"
+        rows = (
+            self._db.execute(sql + " WHERE status = ? ORDER BY id", (status,))
+            if status
+            else self._db.execute(sql + " ORDER BY id")
+        ).fetchall()
+        return [NetRequest(row[0], row[1], json.loads(row[2]), *row[3:]) for row in rows]
+
+    def decide_request(self, request_id: int, status: str) -> None:
+        self._write(
+            "UPDATE net_requests SET status = ?, decided_at = ? WHERE id = ?",
+            (status, now(), request_id),
+        )
 
     def close(self) -> None:
         self._db.close()

@@ -59,8 +59,11 @@ async def test_etc_shadow_is_invisible(sandbox: Service) -> None:
     assert "shadow" not in out and "sudoers" not in out
 
 
-async def test_run_holds_only_the_kernel_run_directory(sandbox: Service) -> None:
-    assert await _py(sandbox, "import os; print(os.listdir('/run'))") == "['corral']"
+async def test_run_holds_only_the_kernel_run_directory_and_egress_socket(
+    sandbox: Service,
+) -> None:
+    out = await _py(sandbox, "import os; print(sorted(os.listdir('/run')))")
+    assert out == "['corral', 'corral-egress.sock']"
 
 
 async def test_host_tmp_is_invisible(sandbox: Service, host_secret: Path) -> None:

@@ -196,9 +196,12 @@ def decide(policy: Policy, host: str, port: int, addresses: Sequence[IPAddress])
     """
     if policy.mode == "none":
         return Decision(False, "mode none: this session has no network")
+    literal = literal_address(host) is not None
+    name_rule = None if literal else _name_rule(policy, host, port)
+    if policy.mode == "allowlist" and not literal and name_rule is None:
+        return Decision(False, f"not in the allowlist: {host}:{port}")
     if not addresses:
         return Decision(False, "the name did not resolve")
-    name_rule = _name_rule(policy, host, port)
     for address in addresses:
         listed = _listed_address(policy, address, port)
         if listed is not None:
@@ -213,6 +216,17 @@ def decide(policy: Policy, host: str, port: int, addresses: Sequence[IPAddress])
         shown = ", ".join(str(a) for a in addresses[:3])
         return Decision(False, f"not a public address ({shown}) and not listed by address")
     return Decision(False, f"not in the allowlist: {host}:{port}")
+
+
+def should_resolve(policy: Policy, host: str, port: int) -> bool:
+    """Whether looking `host` up could lead to an allowed connection.
+
+    Names no rule could admit are never resolved, so a sandbox cannot leak data through DNS
+    queries for names of its choosing.
+    """
+    if policy.mode == "none" or literal_address(host) is not None:
+        return False
+    return policy.mode == "public" or _name_rule(policy, host, port) is not None
 
 
 def _name_rule(policy: Policy, host: str, port: int) -> str | None:

@@ -28,12 +28,19 @@ class SandboxedKernel:
     """A python or bash kernel inside its sandbox, with a client connected over ipc."""
 
     def __init__(
-        self, language: str, policy: SandboxPolicy, *, bwrap: str, python: str, run_root: Path
+        self,
+        language: str,
+        policy: SandboxPolicy,
+        *,
+        bwrap: str,
+        python: str,
+        run_root: Path,
+        launcher: list[str] | None = None,
     ) -> None:
         self.language = language
         self.run_dir = make_run_dir(run_root)
         self.manager = SandboxedKernelManager(
-            spec=kernel_spec(language, python),
+            spec=kernel_spec(language, python, launcher=launcher),
             policy=policy.with_run_dir(self.run_dir),
             bwrap=bwrap,
             run_dir=self.run_dir,

@@ -33,10 +33,15 @@ SANDBOX_CONNECTION_FILE = "sandbox.json"
 KERNEL_MODULES = {"python": "ipykernel_launcher", "bash": "bash_kernel"}
 
 
-def kernel_spec(language: str, python: str, *, sandboxed: bool = True) -> KernelSpec:
-    """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed)."""
+def kernel_spec(
+    language: str, python: str, *, sandboxed: bool = True, launcher: list[str] | None = None
+) -> KernelSpec:
+    """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed).
+
+    `launcher` is a command prefix that execs the kernel (the egress forwarder).
+    """
     spec = KernelSpec(
-        argv=[python, "-m", KERNEL_MODULES[language], "-f", "{connection_file}"],
+        argv=[*(launcher or []), python, "-m", KERNEL_MODULES[language], "-f", "{connection_file}"],
         display_name=f"corral {language}",
         language=language,
         interrupt_mode="message",

@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from corral.config import Settings
 from corral.errors import (
@@ -30,13 +30,26 @@ from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
 from corral.kernels.kernel import SandboxedKernel
 from corral.kernels.results import ExecutionResult
 from corral.sandbox.bwrap import find_bwrap
-from corral.sandbox.profile import SessionPaths, default_policy, write_identity_files
+from corral.sandbox.profile import (
+    SessionPaths,
+    default_policy,
+    egress_launcher,
+    write_identity_files,
+)
 from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
 from corral.store import SessionRecord, Store, now
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 LANGUAGES = ("python", "bash")
 DEFAULT_SESSION = "default"
+
+
+class EgressSockets(Protocol):
+    """Gives a session's proxy socket, listening; the network layer implements it."""
+
+    async def socket_for(self, session_id: str) -> Path: ...
+
+    async def forget(self, session_id: str) -> None: ...
 
 
 def validate_session_id(value: object) -> str:
@@ -115,8 +128,15 @@ class Session:
 class SessionManager:
     """Owns every session of one server. Call `open()` first and `close()` at the end."""
 
-    def __init__(self, settings: Settings, *, runtime: PythonRuntime | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        runtime: PythonRuntime | None = None,
+        egress: EgressSockets | None = None,
+    ) -> None:
         self.settings = settings
+        self.egress = egress
         self.runtime = runtime or current_runtime()
         self.bwrap = find_bwrap(settings.bwrap)
         self.store = Store(settings.db_path)
@@ -191,6 +211,8 @@ class SessionManager:
         """Stop the session and remove its workspace, packages and record."""
         session = self._get(session_id)
         await self._stop_kernels(session)
+        if self.egress is not None:
+            await self.egress.forget(session_id)
         del self.sessions[session_id]
         self.store.delete(session_id)
         shutil.rmtree(self.settings.sessions_dir / session_id, ignore_errors=True)
@@ -310,12 +332,16 @@ class SessionManager:
         session.starting = True
         try:
             create_session_env(session.paths.env, self.runtime)
+            socket = None
+            if self.egress is not None:
+                socket = await self.egress.socket_for(session.record.id)
             policy = default_policy(
                 self.runtime,
                 session.paths,
                 self.identity_dir,
                 tmp_size_bytes=self.settings.tmp_size_bytes,
                 home_size_bytes=self.settings.home_size_bytes,
+                egress_socket=socket,
             )
             kernel = SandboxedKernel(
                 language,
@@ -323,6 +349,7 @@ class SessionManager:
                 bwrap=self.bwrap,
                 python=self.runtime.sandbox_python,
                 run_root=self.settings.run_root,
+                launcher=egress_launcher(self.runtime) if socket is not None else None,
             )
             await kernel.start(self.settings.kernel_start_timeout_s)
             session.kernels[language] = kernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.egress import forwarder as forwarder_module
 from corral.sandbox.policy import (
     SANDBOX_GID,
     SANDBOX_HOME,
@@ -61,9 +62,14 @@ def default_policy(
     *,
     tmp_size_bytes: int,
     home_size_bytes: int,
+    egress_socket: Path | None = None,
     host_root: Path = Path("/"),
 ) -> SandboxPolicy:
-    """The policy for one session's kernels. Reads only which host paths exist."""
+    """The policy for one session's kernels. Reads only which host paths exist.
+
+    With `egress_socket`, the forwarder and that socket are shown inside and the proxy
+    variables point at the forwarder; without it the sandbox has no way out at all.
+    """
     system, links = _system_mounts(host_root)
     system += _identity_binds(identity_dir)
     system += (
@@ -80,10 +86,39 @@ def default_policy(
         binds=(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
+            *_egress_binds(egress_socket),
         ),
-        env=sandbox_env(runtime),
+        env=sandbox_env(runtime) + (PROXY_ENV if egress_socket is not None else ()),
     )
 
+
+def _egress_binds(egress_socket: Path | None) -> tuple[Bind, ...]:
+    if egress_socket is None:
+        return ()
+    return (Bind(egress_socket, SANDBOX_EGRESS_SOCKET), Bind(FORWARDER, SANDBOX_FORWARDER))
+
+
+def egress_launcher(runtime: PythonRuntime) -> list[str]:
+    """The command prefix that starts the forwarder before the kernel (see forwarder.py)."""
+    return [runtime.sandbox_python, SANDBOX_FORWARDER, SANDBOX_EGRESS_SOCKET, "--"]
+
+
+SANDBOX_EGRESS_SOCKET = "/run/corral-egress.sock"
+SANDBOX_FORWARDER = "/opt/corral/bin/forwarder.py"
+FORWARDER = Path(forwarder_module.__file__).resolve()
+_HTTP_PROXY = f"http://127.0.0.1:{forwarder_module.HTTP_PORT}"
+_SOCKS_PROXY = f"socks5h://127.0.0.1:{forwarder_module.SOCKS_PORT}"
+_NO_PROXY = "localhost,127.0.0.1,::1"
+PROXY_ENV: tuple[tuple[str, str], ...] = tuple(
+    (name, value)
+    for upper, value in (
+        ("HTTP_PROXY", _HTTP_PROXY),
+        ("HTTPS_PROXY", _HTTP_PROXY),
+        ("ALL_PROXY", _SOCKS_PROXY),
+        ("NO_PROXY", _NO_PROXY),
+    )
+    for name in (upper, upper.lower())
+)
 
 BASE_ENV: tuple[tuple[str, str], ...] = (
     ("PATH", f"{SANDBOX_ENV}/bin:/usr/local/bin:/usr/bin:/bin"),

@@ -1,0 +1,131 @@
+"""Per-session network policy, owned by the server: stored, applied live, asked for by agents.
+
+`Network` keeps every session's `Policy` (from the store, else the configured default), runs
+the `EgressProxy` that enforces it, and records agents' requests for access, which only the
+operator can approve. Each change re-checks the session's open tunnels at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from corral.config import Settings
+from corral.egress.protocol import Target
+from corral.egress.proxy import EgressProxy, ProxyLimits, Resolver, system_resolver
+from corral.egress.rules import Decision, Policy, make_policy, parse_entry
+from corral.errors import InvalidInput, NotFound
+from corral.store import NetRequest, Store
+
+MAX_REQUEST_HOSTS = 20
+MAX_REASON_CHARS = 2000
+DecisionLog = Callable[[str, Target, Decision], None]
+
+
+class Network:
+    """Policies, the proxy and access requests for one server."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        on_decision: DecisionLog,
+        *,
+        resolver: Resolver = system_resolver,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.default = make_policy(settings.net_default, _split(settings.net_allow))
+        self.policies: dict[str, Policy] = {}
+        self.proxy = EgressProxy(
+            self.policy,
+            on_decision=on_decision,
+            resolver=resolver,
+            limits=ProxyLimits(
+                max_connections=settings.egress_max_connections,
+                idle_timeout_s=settings.egress_idle_timeout_s,
+            ),
+        )
+
+    def open(self) -> None:
+        for session_id, (mode, allow) in self.store.policies().items():
+            self.policies[session_id] = make_policy(mode, allow)
+
+    async def close(self) -> None:
+        await self.proxy.close_all()
+
+    def policy(self, session_id: str) -> Policy:
+        return self.policies.get(session_id, self.default)
+
+    async def socket_for(self, session_id: str) -> Path:
+        """The session's proxy socket on the host, listening once this returns."""
+        digest = hashlib.sha256(session_id.encode()).hexdigest()[:16]
+        path = self.settings.run_root / "egress" / f"{digest}.sock"
+        await self.proxy.open(session_id, path)
+        return path
+
+    async def forget(self, session_id: str) -> None:
+        await self.proxy.close(session_id)
+
+    # -- changes by the operator -----------------------------------------------------------
+
+    def set(self, session_id: str, mode: str, allow: list[str]) -> tuple[Policy, int]:
+        """Replace the session's policy; returns it and how many open tunnels were cut."""
+        policy = make_policy(mode, allow)
+        self.policies[session_id] = policy
+        self.store.put_policy(session_id, policy.mode, [e.text for e in policy.entries])
+        return policy, self.proxy.policy_changed(session_id)
+
+    def allow(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
+        """Add entries (a `none` session becomes an allowlist; `public` stays public)."""
+        current = self.policy(session_id)
+        mode = "allowlist" if current.mode == "none" else current.mode
+        return self.set(session_id, mode, [*_texts(current), *hosts])
+
+    def deny(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
+        """Remove entries; removing the last one of an allowlist leaves an empty allowlist."""
+        drop = {entry.text for host in hosts for entry in parse_entry(host)}
+        current = self.policy(session_id)
+        return self.set(session_id, current.mode, [t for t in _texts(current) if t not in drop])
+
+    # -- requests by the agent -------------------------------------------------------------
+
+    def request(self, session_id: str, hosts: list[str], reason: str) -> NetRequest:
+        """Record an agent's request; it grants nothing until the operator approves it."""
+        if not hosts or len(hosts) > MAX_REQUEST_HOSTS:
+            raise InvalidInput(f"ask for 1 to {MAX_REQUEST_HOSTS} hosts")
+        for host in hosts:
+            parse_entry(host)
+        reason = reason.strip()[:MAX_REASON_CHARS]
+        request_id = self.store.add_request(session_id, list(hosts), reason)
+        return self.get_request(request_id)
+
+    def requests(self, status: str | None = None) -> list[NetRequest]:
+        if status not in (None, "pending", "approved", "rejected"):
+            raise InvalidInput(f"unknown request status {status!r}")
+        return self.store.requests(status)
+
+    def get_request(self, request_id: int) -> NetRequest:
+        for request in self.store.requests():
+            if request.id == request_id:
+                return request
+        raise NotFound(f"no network request {request_id}")
+
+    def decide(self, request_id: int, approve: bool) -> NetRequest:
+        """The operator's answer; approving adds the hosts to the session's allowlist."""
+        request = self.get_request(request_id)
+        if request.status != "pending":
+            raise InvalidInput(f"request {request_id} is already {request.status}")
+        if approve:
+            self.allow(request.session, request.hosts)
+        self.store.decide_request(request_id, "approved" if approve else "rejected")
+        return self.get_request(request_id)
+
+
+def _texts(policy: Policy) -> list[str]:
+    return [entry.text for entry in policy.entries]
+
+
+def _split(raw: str) -> list[str]:
+    return [item.strip() for item in raw.split(",") if item.strip()]

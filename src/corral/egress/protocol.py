@@ -1,0 +1,153 @@
+"""Parsing what a sandboxed client sends the proxy: an HTTP proxy request or a SOCKS5 request.
+
+Pure functions over bytes; the proxy does the reading and writing. Every malformed input is
+a `ProtocolError` with the reply the client should get.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from corral.egress.rules import literal_address, normalise_name
+
+MAX_HEAD_BYTES = 64 * 1024
+HOP_BY_HOP = frozenset(
+    {
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authenticate",
+    }
+)
+
+SOCKS_VERSION = 5
+SOCKS_NO_AUTH = 0
+SOCKS_NO_ACCEPTABLE = 0xFF
+SOCKS_CONNECT = 1
+SOCKS_ATYP_IPV4, SOCKS_ATYP_DOMAIN, SOCKS_ATYP_IPV6 = 1, 3, 4
+SOCKS_OK = 0
+SOCKS_GENERAL_FAILURE = 1
+SOCKS_NOT_ALLOWED = 2
+SOCKS_HOST_UNREACHABLE = 4
+SOCKS_REFUSED = 5
+SOCKS_COMMAND_UNSUPPORTED = 7
+SOCKS_ATYP_UNSUPPORTED = 8
+
+
+class ProtocolError(Exception):
+    """Malformed input; `status` is the HTTP status (or SOCKS reply code) to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a client wants to go: a normalised host (name or literal address) and a port."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """A parsed proxy request: CONNECT (a tunnel) or a plain-HTTP request to forward."""
+
+    target: Target
+    tunnel: bool
+    upstream_head: bytes = b""  # the request rewritten for the origin server (not CONNECT)
+
+
+def parse_target(host: str, port: int) -> Target:
+    """`host` checked and normalised; raises `ProtocolError` for a bad host or port."""
+    if not 0 < port < 65536:
+        raise ProtocolError(f"bad port {port}")
+    address = literal_address(host)
+    if address is not None:
+        return Target(str(address), port)
+    name = normalise_name(host)
+    if name is None:
+        raise ProtocolError(f"bad host name {host[:100]!r}")
+    return Target(name, port)
+
+
+def parse_http(head: bytes) -> HttpRequest:
+    """The request in `head` (everything up to and including the blank line)."""
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError as exc:  # pragma: no cover - latin-1 decodes any byte
+        raise ProtocolError("undecodable request") from exc
+    request_line, _, rest = text.partition("\r\n")
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise ProtocolError(f"malformed request line {request_line[:200]!r}")
+    method, target, version = parts
+    if method == "CONNECT":
+        host, port = _split_authority(target)
+        return HttpRequest(parse_target(host, port), tunnel=True)
+    return _forward_request(method, target, version, rest)
+
+
+def _split_authority(authority: str) -> tuple[str, int]:
+    if authority.startswith("["):
+        host, sep, rest = authority[1:].partition("]")
+        port_text = rest[1:] if sep and rest.startswith(":") else ""
+    else:
+        host, _, port_text = authority.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise ProtocolError(f"CONNECT needs host:port, not {authority[:200]!r}")
+    return host, int(port_text)
+
+
+def _forward_request(method: str, target: str, version: str, rest: str) -> HttpRequest:
+    parts = urlsplit(target)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ProtocolError(
+            f"only CONNECT and absolute http:// URLs go through this proxy, not {target[:200]!r}"
+        )
+    try:
+        port = parts.port or 80
+    except ValueError as exc:
+        raise ProtocolError(f"bad port in {target[:200]!r}") from exc
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    lines = [f"{method} {path} {version}"]
+    for line in rest.split("\r\n"):
+        name = line.split(":", 1)[0].strip().lower().encode()
+        if line and name not in HOP_BY_HOP:
+            lines.append(line)
+    lines.append("Connection: close")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return HttpRequest(parse_target(parts.hostname, port), tunnel=False, upstream_head=head)
+
+
+def http_reply(status: int, reason: str, body: str = "") -> bytes:
+    data = body.encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode() + data
+
+
+def socks_reply(code: int) -> bytes:
+    return bytes([SOCKS_VERSION, code, 0, SOCKS_ATYP_IPV4, 0, 0, 0, 0, 0, 0])
+
+
+def socks_address(atyp: int, raw: bytes) -> str:
+    """The host of a SOCKS5 request from its address type and bytes."""
+    if atyp == SOCKS_ATYP_IPV4:
+        return str(ipaddress.IPv4Address(raw))
+    if atyp == SOCKS_ATYP_IPV6:
+        return str(ipaddress.IPv6Address(raw))
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("non-ASCII host name", SOCKS_GENERAL_FAILURE) from exc

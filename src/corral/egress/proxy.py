@@ -1,0 +1,412 @@
+"""The host egress proxy: one unix socket per session, policy checked on every connection.
+
+The socket a connection arrives on names the session, so nothing a sandbox sends can claim
+another identity. Each connection starts with one byte from the in-sandbox forwarder (`H` for
+its HTTP port, `S` for SOCKS5), then the client's own request. The proxy resolves names
+itself, checks every address, connects to exactly the address it checked, and relays bytes,
+counting them. A policy change re-checks open tunnels and closes those no longer allowed.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral.egress import protocol as p
+from corral.egress.rules import Decision, IPAddress, Policy, decide, literal_address, should_resolve
+
+log = logging.getLogger(__name__)
+
+Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
+DecisionHook = Callable[[str, p.Target, Decision], None]
+KIND_HTTP, KIND_SOCKS = b"H", b"S"
+RELAY_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    """Per-session bounds. Times in seconds."""
+
+    max_connections: int = 64
+    header_timeout_s: float = 10.0
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+
+
+@dataclass(eq=False)
+class _Tunnel:
+    target: p.Target
+    address: IPAddress
+    writers: tuple[asyncio.StreamWriter, asyncio.StreamWriter]
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+@dataclass
+class SessionEgress:
+    """One session's listening socket, its open tunnels and its counters."""
+
+    session_id: str
+    socket_path: Path
+    server: asyncio.Server | None = None
+    active: int = 0
+    connections: int = 0
+    refused: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    tunnels: set[_Tunnel] = field(default_factory=set)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "active": self.active,
+            "connections": self.connections,
+            "refused": self.refused,
+            "bytes_out": self.bytes_out,
+            "bytes_in": self.bytes_in,
+        }
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """The host's resolver: unique addresses in the order it returned them."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    found: dict[IPAddress, None] = {}
+    for info in infos:
+        found[ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])] = None
+    return list(found)
+
+
+class EgressProxy:
+    """Serves every session's egress socket in this process's event loop."""
+
+    def __init__(
+        self,
+        policy_for: Callable[[str], Policy],
+        *,
+        on_decision: DecisionHook,
+        resolver: Resolver = system_resolver,
+        limits: ProxyLimits | None = None,
+    ) -> None:
+        self.policy_for = policy_for
+        self.on_decision = on_decision
+        self.resolver = resolver
+        self.limits = limits or ProxyLimits()
+        self.sessions: dict[str, SessionEgress] = {}
+
+    async def open(self, session_id: str, socket_path: Path) -> None:
+        """Listen on `socket_path` for `session_id` (idempotent while it listens)."""
+        current = self.sessions.get(session_id)
+        if current is not None and current.server is not None and current.server.is_serving():
+            return
+        os.makedirs(socket_path.parent, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        egress = SessionEgress(session_id, socket_path)
+        egress.server = await asyncio.start_unix_server(
+            lambda r, w: self._serve(egress, r, w), path=str(socket_path)
+        )
+        os.chmod(socket_path, 0o600)
+        self.sessions[session_id] = egress
+
+    async def close(self, session_id: str) -> None:
+        """Stop listening for the session and cut its tunnels."""
+        egress = self.sessions.pop(session_id, None)
+        if egress is None:
+            return
+        if egress.server is not None:
+            egress.server.close()
+        for tunnel in list(egress.tunnels):
+            tunnel.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(egress.socket_path)
+
+    async def close_all(self) -> None:
+        for session_id in list(self.sessions):
+            await self.close(session_id)
+
+    def policy_changed(self, session_id: str) -> int:
+        """Re-check the session's open tunnels; close and count those no longer allowed."""
+        egress = self.sessions.get(session_id)
+        if egress is None:
+            return 0
+        policy = self.policy_for(session_id)
+        cut = 0
+        for tunnel in list(egress.tunnels):
+            if not decide(policy, tunnel.target.host, tunnel.target.port, [tunnel.address]).allowed:
+                tunnel.close()
+                cut += 1
+        return cut
+
+    def stats(self, session_id: str) -> dict[str, int]:
+        egress = self.sessions.get(session_id)
+        return egress.stats() if egress is not None else SessionEgress(session_id, Path()).stats()
+
+    # -- one connection --------------------------------------------------------------------
+
+    async def _serve(
+        self, egress: SessionEgress, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        egress.active += 1
+        egress.connections += 1
+        try:
+            await self._handle(egress, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("egress connection of session %s failed", egress.session_id)
+        finally:
+            egress.active -= 1
+            writer.close()
+
+    async def _handle(
+        self, egress: SessionEgress, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        timeout = self.limits.header_timeout_s
+        kind = await asyncio.wait_for(reader.readexactly(1), timeout)
+        handler = {KIND_HTTP: _HttpClient, KIND_SOCKS: _SocksClient}.get(kind)
+        if handler is None:
+            return
+        client = handler(reader, writer, timeout)
+        if egress.active > self.limits.max_connections:
+            egress.refused += 1
+            await client.refuse_busy(self.limits.max_connections)
+            return
+        try:
+            target = await client.read_target()
+        except p.ProtocolError as exc:
+            await client.reject(exc)
+            return
+        await self._connect(egress, client, target)
+
+    async def _connect(self, egress: SessionEgress, client: _Client, target: p.Target) -> None:
+        decision = await self._decide(egress.session_id, target)
+        self.on_decision(egress.session_id, target, decision)
+        if not decision.allowed or decision.address is None:
+            egress.refused += 1
+            await client.refuse(egress.session_id, target, decision)
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(str(decision.address), target.port),
+                self.limits.connect_timeout_s,
+            )
+        except (OSError, TimeoutError) as exc:
+            await client.unreachable(target, decision.address, exc)
+            return
+        await client.connected(up_writer)
+        tunnel = _Tunnel(target, decision.address, (client.writer, up_writer))
+        egress.tunnels.add(tunnel)
+        try:
+            await self._relay(egress, client.reader, up_reader, up_writer, client.writer)
+        finally:
+            egress.tunnels.discard(tunnel)
+            up_writer.close()
+
+    async def _decide(self, session_id: str, target: p.Target) -> Decision:
+        policy = self.policy_for(session_id)
+        literal = literal_address(target.host)
+        if literal is not None:
+            return decide(policy, target.host, target.port, [literal])
+        if not should_resolve(policy, target.host, target.port):
+            return decide(policy, target.host, target.port, [])
+        try:
+            addresses = await asyncio.wait_for(
+                self.resolver(target.host, target.port), self.limits.connect_timeout_s
+            )
+        except (OSError, TimeoutError):
+            addresses = []
+        return decide(policy, target.host, target.port, addresses)
+
+    async def _relay(
+        self,
+        egress: SessionEgress,
+        down: asyncio.StreamReader,
+        up: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+        down_writer: asyncio.StreamWriter,
+    ) -> None:
+        idle = self.limits.idle_timeout_s
+
+        async def pump(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, outbound: bool
+        ) -> None:
+            while data := await asyncio.wait_for(src.read(RELAY_CHUNK), idle):
+                if outbound:
+                    egress.bytes_out += len(data)
+                else:
+                    egress.bytes_in += len(data)
+                dst.write(data)
+                await dst.drain()
+            if dst.can_write_eof():
+                dst.write_eof()
+
+        tasks = [
+            asyncio.ensure_future(pump(down, up_writer, True)),
+            asyncio.ensure_future(pump(up, down_writer, False)),
+        ]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            if any(t.exception() is not None for t in done):
+                for task in pending:
+                    task.cancel()
+            else:
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def refusal_text(session_id: str, target: p.Target, decision: Decision) -> str:
+    """What a refused client reads: what was refused, by which rule, and how to allow it."""
+    return (
+        f"corral refused {target.host}:{target.port}: {decision.rule}.\n"
+        f"The operator can allow it with: corral net allow {session_id} {target.host}\n"
+        "(an agent may ask with the request_network_access tool).\n"
+    )
+
+
+class _Client(abc.ABC):
+    """The protocol-specific half of one connection: read the target, answer the client."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.timeout_s = timeout_s
+
+    @abc.abstractmethod
+    async def read_target(self) -> p.Target:
+        """See the subclasses."""
+
+    @abc.abstractmethod
+    async def reject(self, error: p.ProtocolError) -> None:
+        """See the subclasses."""
+
+    @abc.abstractmethod
+    async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
+        """See the subclasses."""
+
+    @abc.abstractmethod
+    async def refuse_busy(self, limit: int) -> None:
+        """See the subclasses."""
+
+    @abc.abstractmethod
+    async def unreachable(self, target: p.Target, address: IPAddress, error: Exception) -> None:
+        """See the subclasses."""
+
+    @abc.abstractmethod
+    async def connected(self, upstream: asyncio.StreamWriter) -> None:
+        """See the subclasses."""
+
+    async def _send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+
+class _HttpClient(_Client):
+    request: p.HttpRequest | None = None
+
+    async def read_target(self) -> p.Target:
+        try:
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), self.timeout_s)
+        except asyncio.LimitOverrunError as exc:
+            raise p.ProtocolError("request head too large", 431) from exc
+        if len(head) > p.MAX_HEAD_BYTES:
+            raise p.ProtocolError("request head too large", 431)
+        self.request = p.parse_http(head)
+        return self.request.target
+
+    async def reject(self, error: p.ProtocolError) -> None:
+        await self._send(p.http_reply(error.status, "Bad Request", f"corral proxy: {error}\n"))
+
+    async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
+        await self._send(p.http_reply(403, "Forbidden", refusal_text(session_id, target, decision)))
+
+    async def refuse_busy(self, limit: int) -> None:
+        await self._send(
+            p.http_reply(
+                429,
+                "Too Many Requests",
+                f"corral proxy: this session already has {limit} open connections\n",
+            )
+        )
+
+    async def unreachable(self, target: p.Target, address: IPAddress, error: Exception) -> None:
+        await self._send(
+            p.http_reply(
+                502,
+                "Bad Gateway",
+                f"corral proxy: {target.host}:{target.port} ({address}) did not answer: {error}\n",
+            )
+        )
+
+    async def connected(self, upstream: asyncio.StreamWriter) -> None:
+        if self.request is not None and self.request.tunnel:
+            await self._send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        elif self.request is not None:
+            upstream.write(self.request.upstream_head)
+            await upstream.drain()
+
+
+class _SocksClient(_Client):
+    async def read_target(self) -> p.Target:
+        read = self._read
+        version, count = await read(2)
+        if version != p.SOCKS_VERSION:
+            raise p.ProtocolError(f"SOCKS version {version} is not 5", -1)
+        methods = await read(count)
+        if p.SOCKS_NO_AUTH not in methods:
+            await self._send(bytes([p.SOCKS_VERSION, p.SOCKS_NO_ACCEPTABLE]))
+            raise p.ProtocolError("no acceptable SOCKS method", -1)
+        await self._send(bytes([p.SOCKS_VERSION, p.SOCKS_NO_AUTH]))
+        version, command, _, atyp = await read(4)
+        if version != p.SOCKS_VERSION:
+            raise p.ProtocolError("bad SOCKS request version", p.SOCKS_GENERAL_FAILURE)
+        raw = await self._address_bytes(atyp)
+        port = int.from_bytes(await read(2), "big")
+        if command != p.SOCKS_CONNECT:
+            raise p.ProtocolError("only CONNECT is supported", p.SOCKS_COMMAND_UNSUPPORTED)
+        return p.parse_target(p.socks_address(atyp, raw), port)
+
+    async def _address_bytes(self, atyp: int) -> bytes:
+        if atyp == p.SOCKS_ATYP_IPV4:
+            return await self._read(4)
+        if atyp == p.SOCKS_ATYP_IPV6:
+            return await self._read(16)
+        if atyp == p.SOCKS_ATYP_DOMAIN:
+            (length,) = await self._read(1)
+            return await self._read(length)
+        raise p.ProtocolError(f"address type {atyp} is not supported", p.SOCKS_ATYP_UNSUPPORTED)
+
+    async def _read(self, count: int) -> bytes:
+        return await asyncio.wait_for(self.reader.readexactly(count), self.timeout_s)
+
+    async def reject(self, error: p.ProtocolError) -> None:
+        if error.status >= 0:
+            code = error.status if error.status < 256 else p.SOCKS_GENERAL_FAILURE
+            await self._send(p.socks_reply(code))
+
+    async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
+        await self._send(p.socks_reply(p.SOCKS_NOT_ALLOWED))
+
+    async def refuse_busy(self, limit: int) -> None:
+        await self._send(p.socks_reply(p.SOCKS_GENERAL_FAILURE))
+
+    async def unreachable(self, target: p.Target, address: IPAddress, error: Exception) -> None:
+        await self._send(p.socks_reply(p.SOCKS_HOST_UNREACHABLE))
+
+    async def connected(self, upstream: asyncio.StreamWriter) -> None:
+        await self._send(p.socks_reply(p.SOCKS_OK))
