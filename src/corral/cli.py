@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -268,6 +269,125 @@ def audit(
     out.print(table)
     if page.next_before_id is not None:
         out.print(f"more: corral audit --before-id {page.next_before_id}")
+
+
+@main.group()
+def net() -> None:
+    """Show and change a session's network policy on the running server (admin token)."""
+
+
+@net.command("show")
+@click.argument("session_id")
+def net_show(session_id: str) -> None:
+    """Print the session's mode, allowlist and proxy counters."""
+    _print_policy(_admin("GET", f"/v1/admin/sessions/{session_id}/network"))
+
+
+@net.command("allow")
+@click.argument("session_id")
+@click.argument("hosts", nargs=-1, required=True)
+def net_allow(session_id: str, hosts: tuple[str, ...]) -> None:
+    """Allow HOSTS (domain, *.domain, host:port, IP, CIDR or a preset: pypi, npm, github,
+    huggingface). A session with no network becomes an allowlist."""
+    _print_policy(
+        _admin("POST", f"/v1/admin/sessions/{session_id}/network/allow", {"hosts": list(hosts)})
+    )
+
+
+@net.command("deny")
+@click.argument("session_id")
+@click.argument("hosts", nargs=-1, required=True)
+def net_deny(session_id: str, hosts: tuple[str, ...]) -> None:
+    """Remove HOSTS from the allowlist; open tunnels to them are closed at once."""
+    _print_policy(
+        _admin("POST", f"/v1/admin/sessions/{session_id}/network/deny", {"hosts": list(hosts)})
+    )
+
+
+@net.command("set")
+@click.argument("session_id")
+@click.argument("mode", type=click.Choice(["none", "allowlist", "public"]))
+@click.argument("hosts", nargs=-1)
+def net_set(session_id: str, mode: str, hosts: tuple[str, ...]) -> None:
+    """Replace the policy: MODE and, for an allowlist, its HOSTS."""
+    _print_policy(
+        _admin(
+            "PUT", f"/v1/admin/sessions/{session_id}/network", {"mode": mode, "allow": list(hosts)}
+        )
+    )
+
+
+@net.command("requests")
+@click.option("--all", "show_all", is_flag=True, help="Decided requests too.")
+def net_requests(show_all: bool) -> None:
+    """Agents' requests for access (pending ones unless --all)."""
+    query = "" if show_all else "?status=pending"
+    found = _admin("GET", f"/v1/admin/network/requests{query}")["requests"]
+    table = Table(title="network requests")
+    for column in ("id", "session", "hosts", "reason", "status"):
+        table.add_column(column)
+    for item in found:
+        table.add_row(
+            str(item["id"]),
+            item["session"],
+            " ".join(item["hosts"]),
+            item["reason"],
+            item["status"],
+        )
+    out.print(table)
+
+
+@net.command("approve")
+@click.argument("request_id", type=int)
+def net_approve(request_id: int) -> None:
+    """Approve a request: its hosts join the session's allowlist."""
+    decided = _admin("POST", f"/v1/admin/network/requests/{request_id}/approve")
+    click.echo(f"request {decided['id']}: {decided['status']} ({' '.join(decided['hosts'])})")
+
+
+@net.command("reject")
+@click.argument("request_id", type=int)
+def net_reject(request_id: int) -> None:
+    """Reject a request."""
+    decided = _admin("POST", f"/v1/admin/network/requests/{request_id}/reject")
+    click.echo(f"request {decided['id']}: {decided['status']}")
+
+
+def _admin(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """Call the running server's admin API; a clear error when it is not running."""
+    settings = _settings()
+    tokens, problem = _tokens_or_problem(settings)
+    if tokens is None:
+        raise click.ClickException(f"no usable admin token: {problem}")
+    url = f"http://{_url_host(settings.host)}:{settings.port}{path}"
+    try:
+        response = httpx.request(
+            method, url, json=body, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
+        )
+    except httpx.TransportError as exc:
+        raise click.ClickException(
+            f"the corral server at {url.split('/v1')[0]} is not reachable ({exc}); "
+            "start it with 'corral serve'"
+        ) from exc
+    if response.status_code >= 400:
+        message = response.json().get("error", {}).get("message", response.text)
+        raise click.ClickException(message)
+    return response.json()
+
+
+def _print_policy(policy: dict[str, Any]) -> None:
+    click.echo(f"mode: {policy['mode']}")
+    for entry in policy["allow"]:
+        click.echo(f"  allow {entry}")
+    if policy.get("tunnels_closed"):
+        click.echo(f"closed {policy['tunnels_closed']} open connection(s)")
+    if policy.get("stats"):
+        stats = policy["stats"]
+        click.echo(
+            f"connections: {stats['connections']} ({stats['refused']} refused, "
+            f"{stats['active']} open); bytes out {stats['bytes_out']}, "
+            f"in {stats['bytes_in']}"
+        )
 
 
 def _tokens_or_problem(settings: Settings) -> tuple[Tokens | None, str | None]:

@@ -74,6 +74,12 @@ TOOLS: tuple[tuple[str, str], ...] = (
     ("list_files", "List files in the session's /workspace."),
     ("read_file", "Read a text file from the session's /workspace."),
     ("write_file", "Write a text file into the session's /workspace (parents are created)."),
+    (
+        "request_network_access",
+        "Ask the operator to let this session reach some hosts "
+        "(domains, *.domain, host:port, or presets such as pypi). Grants nothing by itself: the "
+        "operator approves or rejects it.",
+    ),
 )
 
 
@@ -141,12 +147,33 @@ class _Tools:
         except UnicodeDecodeError:
             return "[binary file, base64]\n" + base64.b64encode(data).decode()
 
+    async def request_network_access(
+        self, hosts: list[str], reason: str, session_id: str | None = None
+    ) -> NetworkRequestView:
+        made = _sync_tool_call(
+            lambda: self.service.request_network_access(session_id, hosts, reason)
+        )
+        message = (
+            f"Request {made['id']} is waiting for the operator, who can approve it with "
+            f"'corral net approve {made['id']}'. Nothing is allowed until then."
+        )
+        return NetworkRequestView(
+            id=made["id"], status=made["status"], hosts=made["hosts"], message=message
+        )
+
     async def write_file(
         self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
     ) -> WriteResult:
         data = _decode_content(content, base64_encoded)
         entry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
         return WriteResult(path=FileEntryModel.model_validate(entry).path, size_bytes=len(data))
+
+
+class NetworkRequestView(BaseModel):
+    id: int
+    status: str
+    hosts: list[str]
+    message: str
 
 
 def execution_content(result: ExecutionResult) -> CallToolResult:

@@ -21,6 +21,7 @@ ID_Q: dict[str, Any] = {"type": "string", "pattern": s.SESSION_ID_PATTERN}
 TEXT_Q: dict[str, Any] = {"type": "string"}
 KIND_Q: dict[str, Any] = {"type": "string", "enum": ["execution", "session", "admin", "network"]}
 ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
+STATUS_Q: dict[str, Any] = {"type": "string", "enum": ["pending", "approved", "rejected"]}
 LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
 
 
@@ -126,6 +127,66 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/admin/sessions/{id}/stop",
         "Stop any session (admin)",
         ok=(200, s.SessionModel),
+        admin=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/sessions/{id}/network/requests",
+        "Ask the operator for network access (grants nothing by itself)",
+        body=s.NetworkAccessRequest,
+        ok=(202, s.NetworkRequestModel),
+    ),
+    Operation(
+        "GET",
+        "/v1/admin/sessions/{id}/network",
+        "A session's network policy (admin)",
+        ok=(200, s.NetworkPolicyModel),
+        admin=True,
+    ),
+    Operation(
+        "PUT",
+        "/v1/admin/sessions/{id}/network",
+        "Replace a session's policy (admin)",
+        body=s.NetworkPolicyRequest,
+        ok=(200, s.NetworkPolicyModel),
+        admin=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/admin/sessions/{id}/network/allow",
+        "Allow hosts (admin)",
+        body=s.NetworkHostsRequest,
+        ok=(200, s.NetworkPolicyModel),
+        admin=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/admin/sessions/{id}/network/deny",
+        "Remove hosts (admin)",
+        body=s.NetworkHostsRequest,
+        ok=(200, s.NetworkPolicyModel),
+        admin=True,
+    ),
+    Operation(
+        "GET",
+        "/v1/admin/network/requests",
+        "Agents' access requests (admin)",
+        ok=(200, s.NetworkRequestList),
+        admin=True,
+        query=(("status", STATUS_Q, False),),
+    ),
+    Operation(
+        "POST",
+        "/v1/admin/network/requests/{rid}/approve",
+        "Approve a request (admin)",
+        ok=(200, s.NetworkRequestModel),
+        admin=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/admin/network/requests/{rid}/reject",
+        "Reject a request (admin)",
+        ok=(200, s.NetworkRequestModel),
         admin=True,
     ),
     Operation(
@@ -273,11 +334,12 @@ def _path_names(path: str) -> list[str]:
 
 
 def _path_param(name: str) -> dict[str, Any]:
+    schema = ID_NUMBER_Q if name == "rid" else {"type": "string", "pattern": s.SESSION_ID_PATTERN}
     return {
         "name": name,
         "in": "path",
         "required": True,
-        "schema": {"type": "string", "pattern": s.SESSION_ID_PATTERN},
+        "schema": schema,
     }
 
 

@@ -19,7 +19,14 @@ from starlette.routing import Route
 from corral.errors import InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.server.auth import role_of
-from corral.server.schemas import CreateSessionRequest, ExecuteAnyRequest, ExecuteRequest
+from corral.server.schemas import (
+    CreateSessionRequest,
+    ExecuteAnyRequest,
+    ExecuteRequest,
+    NetworkAccessRequest,
+    NetworkHostsRequest,
+    NetworkPolicyRequest,
+)
 from corral.service import Service
 
 STREAM_TYPES = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
@@ -232,6 +239,57 @@ async def admin_stop_session(request: Request) -> Response:
     return JSONResponse(info.to_dict())
 
 
+# -- network ---------------------------------------------------------------------------------
+
+
+async def request_network(request: Request) -> Response:
+    """The agent asks for access; the answer comes from the operator, later."""
+    body = await parse_body(request, NetworkAccessRequest)
+    made = service_of(request).request_network_access(
+        request.path_params["id"], body.hosts, body.reason
+    )
+    return JSONResponse(made, status_code=202)
+
+
+async def admin_get_network(request: Request) -> Response:
+    return JSONResponse(service_of(request).network_policy(request.path_params["id"]))
+
+
+async def admin_set_network(request: Request) -> Response:
+    body = await parse_body(request, NetworkPolicyRequest)
+    return JSONResponse(
+        service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
+    )
+
+
+async def admin_allow_network(request: Request) -> Response:
+    body = await parse_body(request, NetworkHostsRequest)
+    return JSONResponse(service_of(request).allow_network(request.path_params["id"], body.hosts))
+
+
+async def admin_deny_network(request: Request) -> Response:
+    body = await parse_body(request, NetworkHostsRequest)
+    return JSONResponse(service_of(request).deny_network(request.path_params["id"], body.hosts))
+
+
+async def admin_network_requests(request: Request) -> Response:
+    status = request.query_params.get("status")
+    return JSONResponse({"requests": service_of(request).network_requests(status)})
+
+
+async def admin_approve_request(request: Request) -> Response:
+    return _decide_request(request, approve=True)
+
+
+async def admin_reject_request(request: Request) -> Response:
+    return _decide_request(request, approve=False)
+
+
+def _decide_request(request: Request, *, approve: bool) -> Response:
+    request_id = _int_param(request.path_params["rid"], default=0)
+    return JSONResponse(service_of(request).decide_network_request(request_id, approve))
+
+
 def _bool_param(raw: str | None) -> bool:
     if raw is None:
         return False
@@ -269,4 +327,12 @@ ROUTES = [
     Route("/v1/sessions/{id}/files/content", upload_file, methods=["PUT"]),
     Route("/v1/admin/audit", admin_audit, methods=["GET"]),
     Route("/v1/admin/sessions/{id}/stop", admin_stop_session, methods=["POST"]),
+    Route("/v1/sessions/{id}/network/requests", request_network, methods=["POST"]),
+    Route("/v1/admin/sessions/{id}/network", admin_get_network, methods=["GET"]),
+    Route("/v1/admin/sessions/{id}/network", admin_set_network, methods=["PUT"]),
+    Route("/v1/admin/sessions/{id}/network/allow", admin_allow_network, methods=["POST"]),
+    Route("/v1/admin/sessions/{id}/network/deny", admin_deny_network, methods=["POST"]),
+    Route("/v1/admin/network/requests", admin_network_requests, methods=["GET"]),
+    Route("/v1/admin/network/requests/{rid}/approve", admin_approve_request, methods=["POST"]),
+    Route("/v1/admin/network/requests/{rid}/reject", admin_reject_request, methods=["POST"]),
 ]

@@ -156,3 +156,38 @@ class CompatError(BaseModel):
     """coderunner's error body: a message string."""
 
     error: str
+
+
+class NetworkPolicyRequest(Strict):
+    mode: Literal["none", "allowlist", "public"]
+    allow: list[str] = Field(default_factory=list, max_length=500)
+
+
+class NetworkHostsRequest(Strict):
+    hosts: list[str] = Field(min_length=1, max_length=100)
+
+
+class NetworkAccessRequest(Strict):
+    hosts: list[str] = Field(min_length=1, max_length=20)
+    reason: str = Field(default="", max_length=2000)
+
+
+class NetworkPolicyModel(BaseModel):
+    mode: Literal["none", "allowlist", "public"]
+    allow: list[str]
+    stats: dict[str, int] | None = None
+    tunnels_closed: int | None = None
+
+
+class NetworkRequestModel(BaseModel):
+    id: int
+    session: str
+    hosts: list[str]
+    reason: str
+    status: Literal["pending", "approved", "rejected"]
+    created_at: float
+    decided_at: float | None
+
+
+class NetworkRequestList(BaseModel):
+    requests: list[NetworkRequestModel]
