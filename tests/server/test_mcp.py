@@ -36,6 +36,7 @@ TOOLS = {
     "list_files",
     "read_file",
     "write_file",
+    "request_network_access",
 }
 NO_OUTPUT = "[Execution successful with no output]"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
