@@ -39,6 +39,7 @@ class Settings:
     progress_interval_s: float = 5.0
     net_default: str = "none"  # the network mode of new sessions: none, allowlist or public
     net_allow: str = ""  # the allowlist of new sessions, comma-separated
+    net_elicitation: bool = False  # let a human approve access requests in the MCP client
     egress_max_connections: int = 64
     egress_idle_timeout_s: float = 300.0
     max_body_bytes: int = 10 * MIB

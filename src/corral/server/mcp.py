@@ -148,18 +148,45 @@ class _Tools:
             return "[binary file, base64]\n" + base64.b64encode(data).decode()
 
     async def request_network_access(
-        self, hosts: list[str], reason: str, session_id: str | None = None
+        self, hosts: list[str], reason: str, ctx: Context, session_id: str | None = None
     ) -> NetworkRequestView:
         made = _sync_tool_call(
             lambda: self.service.request_network_access(session_id, hosts, reason)
         )
-        message = (
-            f"Request {made['id']} is waiting for the operator, who can approve it with "
-            f"'corral net approve {made['id']}'. Nothing is allowed until then."
-        )
+        if self.service.settings.net_elicitation:
+            made = await self._ask_user(made, ctx)
+        if made["status"] == "approved":
+            message = f"Approved: {' '.join(made['hosts'])} can be reached now."
+        elif made["status"] == "rejected":
+            message = "The request was rejected."
+        else:
+            message = (
+                f"Request {made['id']} is waiting for the operator, who can approve it "
+                f"with 'corral net approve {made['id']}'. Nothing is allowed until then."
+            )
         return NetworkRequestView(
             id=made["id"], status=made["status"], hosts=made["hosts"], message=message
         )
+
+    async def _ask_user(self, made: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        """Ask the human through the client (opt-in: CORRAL_NET_ELICITATION=1).
+
+        Only for clients that show elicitations to a person; an answer from a program would
+        let the agent's side grant itself access. No answer leaves the request pending.
+        """
+        question = (
+            f"Allow sandbox session {made['session']!r} to reach "
+            f"{', '.join(made['hosts'])}?\nReason given: {made['reason'] or '(none)'}"
+        )
+        try:
+            answer = await ctx.elicit(question, AccessAnswer)
+        except Exception:  # the client cannot elicit: the operator decides later
+            return made
+        if answer.action == "accept" and isinstance(answer.data, AccessAnswer):
+            return self.service.decide_network_request(made["id"], answer.data.allow)
+        if answer.action == "decline":
+            return self.service.decide_network_request(made["id"], False)
+        return made
 
     async def write_file(
         self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
@@ -167,6 +194,10 @@ class _Tools:
         data = _decode_content(content, base64_encoded)
         entry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
         return WriteResult(path=FileEntryModel.model_validate(entry).path, size_bytes=len(data))
+
+
+class AccessAnswer(BaseModel):
+    allow: bool
 
 
 class NetworkRequestView(BaseModel):
