@@ -19,8 +19,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from corral.egress import protocol as p
+from corral.egress.relay import bridge
 from corral.egress.rules import Decision, IPAddress, Policy, decide, literal_address, should_resolve
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,6 @@ log = logging.getLogger(__name__)
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 DecisionHook = Callable[[str, p.Target, Decision], None]
 KIND_HTTP, KIND_SOCKS = b"H", b"S"
-RELAY_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,10 @@ class EgressProxy:
             await self._handle(egress, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            # The loop is shutting down: end this connection quietly (asyncio's stream
+            # callback would otherwise log the cancellation as an error).
+            return
         except Exception:
             log.exception("egress connection of session %s failed", egress.session_id)
         finally:
@@ -235,37 +240,30 @@ class EgressProxy:
         up_writer: asyncio.StreamWriter,
         down_writer: asyncio.StreamWriter,
     ) -> None:
-        idle = self.limits.idle_timeout_s
+        def outbound(count: int) -> None:
+            egress.bytes_out += count
 
-        async def pump(
-            src: asyncio.StreamReader, dst: asyncio.StreamWriter, outbound: bool
-        ) -> None:
-            while data := await asyncio.wait_for(src.read(RELAY_CHUNK), idle):
-                if outbound:
-                    egress.bytes_out += len(data)
-                else:
-                    egress.bytes_in += len(data)
-                dst.write(data)
-                await dst.drain()
-            if dst.can_write_eof():
-                dst.write_eof()
+        def inbound(count: int) -> None:
+            egress.bytes_in += count
 
-        tasks = [
-            asyncio.ensure_future(pump(down, up_writer, True)),
-            asyncio.ensure_future(pump(up, down_writer, False)),
-        ]
-        try:
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            if any(t.exception() is not None for t in done):
-                for task in pending:
-                    task.cancel()
-            else:
-                await asyncio.gather(*pending, return_exceptions=True)
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await bridge(
+            cast(asyncio.Transport, down_writer.transport),
+            cast(asyncio.Transport, up_writer.transport),
+            a_to_b=outbound,
+            b_to_a=inbound,
+            idle_timeout_s=self.limits.idle_timeout_s,
+            pending_a=_take_buffered(down),
+            pending_b=_take_buffered(up),
+        )
+
+
+def _take_buffered(reader: asyncio.StreamReader) -> bytes:
+    """Bytes the stream already read but nobody consumed (a request body sent right after its
+    head, or an early answer). StreamReader has no public way to hand them over."""
+    buffer: bytearray = getattr(reader, "_buffer")  # noqa: B009
+    data = bytes(buffer)
+    buffer.clear()
+    return data
 
 
 def refusal_text(session_id: str, target: p.Target, decision: Decision) -> str:
