@@ -16,7 +16,15 @@ from bench.system import system_info
 from corral.errors import CorralError
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-QUICK = Plan(cold_runs=3, rt_runs=30, memory_sessions=3)
+QUICK = Plan(
+    cold_runs=3,
+    rt_runs=30,
+    memory_sessions=3,
+    egress_mib=50,
+    egress_downloads=3,
+    egress_connections=60,
+    egress_blocks=2,
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,6 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cold-runs", type=_positive, help="cold starts per side")
     parser.add_argument("--rt-runs", type=_positive, help="1+1 round trips per side")
     parser.add_argument("--memory-sessions", type=_positive, help="idle kernels per side")
+    parser.add_argument("--egress-mib", type=_positive, help="MiB per egress download")
+    parser.add_argument("--egress-downloads", type=_positive, help="egress downloads per route")
+    parser.add_argument(
+        "--egress-connections", type=_positive, help="new egress connections per route"
+    )
     parser.add_argument(
         "--results-dir",
         type=Path,
@@ -49,6 +62,9 @@ def plan_from(args: argparse.Namespace) -> Plan:
         "cold_runs": args.cold_runs,
         "rt_runs": args.rt_runs,
         "memory_sessions": args.memory_sessions,
+        "egress_mib": args.egress_mib,
+        "egress_downloads": args.egress_downloads,
+        "egress_connections": args.egress_connections,
     }
     return replace(plan, **{key: value for key, value in overrides.items() if value is not None})
 
@@ -68,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         log("bench: interrupted; kernels stopped and temporary directories removed")
         return 130
     config = run_config(plan, quick=args.quick, total_s=time.perf_counter() - started)
-    metrics = build_metrics(samples)
+    metrics = build_metrics(samples, plan)
     markdown = markdown_report(system, config, metrics, notes(plan, metrics))
     paths = write_results(args.results_dir, results_document(system, config, metrics), markdown)
     print(markdown)

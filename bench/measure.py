@@ -43,6 +43,12 @@ class Plan:
     rt_warmup: int = 5
     memory_sessions: int = 3
     settle_s: float = 1.0
+    egress_mib: int = 200
+    egress_downloads: int = 7
+    egress_download_warmup: int = 1
+    egress_connections: int = 300
+    egress_connect_warmup: int = 5
+    egress_blocks: int = 5
 
 
 @dataclass(frozen=True)

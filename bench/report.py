@@ -22,10 +22,12 @@ class Table:
 
 
 # The first table compares sandboxed corral with the unsandboxed baseline; the second, corral
-# reached through its server with corral called in-process.
+# reached through its server with corral called in-process; the third, connections through the
+# egress proxy with the same connections made directly on the host.
 TABLES = (
     Table("main", None, ("corral", "baseline")),
     Table("served", "Through the server", ("through the server", "in-process")),
+    Table("egress", "Egress", ("through the proxy", "direct on the host")),
 )
 
 
