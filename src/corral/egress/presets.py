@@ -33,12 +33,25 @@ def preset_hosts(name: str, env: Mapping[str, str] | None = None) -> tuple[str, 
 
 def _pip_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
     urls = [env.get("PIP_INDEX_URL", ""), *env.get("PIP_EXTRA_INDEX_URL", "").split()]
-    hosts = [urlsplit(url).netloc for url in urls if url.startswith(("http://", "https://"))]
+    hosts = [_host_port(url) for url in urls if url.startswith(("http://", "https://"))]
     if not hosts:
         from pip._internal.models.index import PyPI
 
         hosts = [PyPI.netloc, PyPI.file_storage_domain]
     return tuple(dict.fromkeys(hosts))
+
+
+def _host_port(url: str) -> str:
+    """`host[:port]` of a URL, without any credentials it carries."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
 
 
 @functools.cache
@@ -56,5 +69,5 @@ def _npm_hosts() -> tuple[str, ...]:
         )
     except (OSError, subprocess.SubprocessError):
         return ()
-    host = urlsplit(done.stdout.strip()).netloc
+    host = _host_port(done.stdout.strip())
     return (host,) if host else ()

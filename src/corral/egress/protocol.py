@@ -120,13 +120,24 @@ def _forward_request(method: str, target: str, version: str, rest: str) -> HttpR
     if parts.query:
         path += "?" + parts.query
     lines = [f"{method} {path} {version}"]
-    for line in rest.split("\r\n"):
-        name = line.split(":", 1)[0].strip().lower().encode()
-        if line and name not in HOP_BY_HOP:
+    header_lines = [line for line in rest.split("\r\n") if line]
+    drop = HOP_BY_HOP | _connection_tokens(header_lines)
+    for line in header_lines:
+        if line.split(":", 1)[0].strip().lower().encode() not in drop:
             lines.append(line)
     lines.append("Connection: close")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     return HttpRequest(parse_target(parts.hostname, port), tunnel=False, upstream_head=head)
+
+
+def _connection_tokens(header_lines: list[str]) -> frozenset[bytes]:
+    """Header names the client's Connection header marks as hop-by-hop (RFC 9110 7.6.1)."""
+    tokens: set[bytes] = set()
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "connection":
+            tokens.update(t.strip().lower().encode() for t in value.split(",") if t.strip())
+    return frozenset(tokens)
 
 
 def http_reply(status: int, reason: str, body: str = "") -> bytes:

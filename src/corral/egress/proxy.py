@@ -208,10 +208,21 @@ class EgressProxy:
         except (OSError, TimeoutError) as exc:
             await client.unreachable(target, decision.address, exc)
             return
-        await client.connected(up_writer)
+        # The policy may have changed while this connection resolved and dialled: look again,
+        # then register the tunnel before any further wait, so a later change always sees it.
+        recheck = decide(
+            self.policy_for(egress.session_id), target.host, target.port, [decision.address]
+        )
+        if not recheck.allowed:
+            up_writer.close()
+            egress.refused += 1
+            self.on_decision(egress.session_id, target, recheck)
+            await client.refuse(egress.session_id, target, recheck)
+            return
         tunnel = _Tunnel(target, decision.address, (client.writer, up_writer))
         egress.tunnels.add(tunnel)
         try:
+            await client.connected(up_writer)
             await self._relay(egress, client.reader, up_reader, up_writer, client.writer)
         finally:
             egress.tunnels.discard(tunnel)
@@ -246,14 +257,17 @@ class EgressProxy:
         def inbound(count: int) -> None:
             egress.bytes_in += count
 
+        pending_down, pending_up = _take_buffered(down), _take_buffered(up)
         await bridge(
             cast(asyncio.Transport, down_writer.transport),
             cast(asyncio.Transport, up_writer.transport),
             a_to_b=outbound,
             b_to_a=inbound,
             idle_timeout_s=self.limits.idle_timeout_s,
-            pending_a=_take_buffered(down),
-            pending_b=_take_buffered(up),
+            pending_a=pending_down,
+            pending_b=pending_up,
+            eof_a=down.at_eof(),
+            eof_b=up.at_eof(),
         )
 
 
@@ -328,7 +342,8 @@ class _HttpClient(_Client):
         return self.request.target
 
     async def reject(self, error: p.ProtocolError) -> None:
-        await self._send(p.http_reply(error.status, "Bad Request", f"corral proxy: {error}\n"))
+        reason = "Request Header Fields Too Large" if error.status == 431 else "Bad Request"
+        await self._send(p.http_reply(error.status, reason, f"corral proxy: {error}\n"))
 
     async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
         await self._send(p.http_reply(403, "Forbidden", refusal_text(session_id, target, decision)))

@@ -2,8 +2,9 @@
 
 After the proxy has answered a client, the two connections are bridged at the protocol level:
 each side's `data_received` writes straight into the other transport, and a full write buffer
-pauses reading on the side that fills it. No stream buffers or tasks sit in between, which is
-what keeps a large download close to the speed of the sockets.
+pauses reading on the side that fills it. No stream buffers or tasks sit in between. The
+relay ends when either side closes, when both have finished sending, or when nothing has
+moved for the idle timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 
 Counter = Callable[[int], None]
+IDLE_CHECK_S = 5.0
 
 
 class _Half(asyncio.Protocol):
@@ -29,6 +31,7 @@ class _Half(asyncio.Protocol):
         self.sink = sink
         self.count = count
         self.finished = finished
+        self.peer: _Half | None = None
         self.last_active = time.monotonic()
         self.eof = False
 
@@ -38,10 +41,16 @@ class _Half(asyncio.Protocol):
         self.sink.write(data)
 
     def eof_received(self) -> bool:
+        self.finish_sending()
+        return True  # the other direction may still be running
+
+    def finish_sending(self) -> None:
+        """This side sent all it will: pass the end on, and end the relay if both are done."""
         self.eof = True
         if self.sink.can_write_eof() and not self.sink.is_closing():
             self.sink.write_eof()
-        return True  # keep the other direction open
+        if self.peer is not None and self.peer.eof:
+            self._finish()
 
     def pause_writing(self) -> None:
         # The source's own write buffer is full: stop reading from the side that feeds it.
@@ -53,6 +62,9 @@ class _Half(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.sink.close()
+        self._finish()
+
+    def _finish(self) -> None:
         if not self.finished.done():
             self.finished.set_result(None)
 
@@ -66,28 +78,35 @@ async def bridge(
     idle_timeout_s: float,
     pending_a: bytes = b"",
     pending_b: bytes = b"",
+    eof_a: bool = False,
+    eof_b: bool = False,
 ) -> None:
-    """Relay between `a` and `b` until either closes, both reach EOF, or nothing moves for
-    `idle_timeout_s`. `pending_*` are bytes already read from that side, sent first."""
+    """Relay between `a` and `b` until it ends (see the module doc).
+
+    `pending_*` are bytes already read from that side, sent first; `eof_*` say that side had
+    already finished sending before the bridge began.
+    """
     finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     half_a = _Half(a, b, a_to_b, finished)
     half_b = _Half(b, a, b_to_a, finished)
+    half_a.peer, half_b.peer = half_b, half_a
     a.set_protocol(half_a)
     b.set_protocol(half_b)
-    if pending_a:
-        a_to_b(len(pending_a))
-        b.write(pending_a)
-    if pending_b:
-        b_to_a(len(pending_b))
-        a.write(pending_b)
+    for data, sink, count in ((pending_a, b, a_to_b), (pending_b, a, b_to_a)):
+        if data:
+            count(len(data))
+            sink.write(data)
+    for done, half in ((eof_a, half_a), (eof_b, half_b)):
+        if done:
+            half.finish_sending()
     a.resume_reading()
     b.resume_reading()
     try:
         while not finished.done():
             idle = time.monotonic() - max(half_a.last_active, half_b.last_active)
-            if idle >= idle_timeout_s or (half_a.eof and half_b.eof):
+            if idle >= idle_timeout_s:
                 break
-            await asyncio.wait({finished}, timeout=min(idle_timeout_s - idle, 5.0))
+            await asyncio.wait({finished}, timeout=min(idle_timeout_s - idle, IDLE_CHECK_S))
     finally:
         a.close()
         b.close()

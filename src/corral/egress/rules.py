@@ -154,7 +154,7 @@ def literal_address(host: str) -> IPAddress | None:
         return ipaddress.ip_address(text.split("%", 1)[0])
     except ValueError:
         pass
-    if re.fullmatch(r"[0-9a-fA-Fx.]+", text) and not re.fullmatch(r"[a-fA-F.]+", text):
+    if re.fullmatch(r"[0-9a-fA-FxX.]+", text) and not re.fullmatch(r"[a-fA-F.]+", text):
         try:
             return ipaddress.IPv4Address(socket.inet_aton(text))
         except OSError:
@@ -168,7 +168,7 @@ def is_global(address: IPAddress) -> bool:
         embedded = _embedded_ipv4(address)
         if embedded is not None:
             return is_global(embedded)
-        if address in _NAT64_LOCAL:
+        if address in _NAT64_LOCAL or address.is_site_local:
             return False
     if isinstance(address, ipaddress.IPv4Address) and address in _CGNAT:
         return False
