@@ -214,6 +214,8 @@ class Service:
         return [request.to_dict() for request in self.network.requests(status)]
 
     def decide_network_request(self, request_id: int, approve: bool) -> dict[str, Any]:
+        if approve:
+            self._known(self.network.get_request(request_id).session)
         request = self.network.decide(request_id, approve)
         self._audit_admin(
             "approve_network" if approve else "reject_network",

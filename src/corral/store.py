@@ -108,6 +108,9 @@ class Store:
             (session_id, mode, json.dumps(allow)),
         )
 
+    def delete_policy(self, session_id: str) -> None:
+        self._write("DELETE FROM net_policies WHERE session = ?", (session_id,))
+
     def policies(self) -> dict[str, tuple[str, list[str]]]:
         rows = self._db.execute("SELECT session, mode, allow FROM net_policies").fetchall()
         return {session: (mode, json.loads(allow)) for session, mode, allow in rows}

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import time
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +12,7 @@ from corral.config import Settings
 from corral.errors import InvalidInput, SessionExists, SessionNotFound, TooManySessions
 from corral.kernels.sessions import validate_session_id
 from corral.service import Service
+from tests.wheels import tiny_wheel
 
 
 @pytest.mark.parametrize("bad", ["", ".hidden", "../etc", "a/b", "-x", "x" * 65, "é", "a b", 7])
@@ -101,35 +98,13 @@ async def test_delete_removes_the_workspace(service: Service) -> None:
         service.get_session("gone")
 
 
-def _tiny_wheel() -> bytes:
-    """A minimal valid wheel of a package named corraltiny, built in memory."""
-    files = {
-        "corraltiny/__init__.py": b"VALUE = 'installed'\n",
-        "corraltiny-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: corraltiny\n"
-        b"Version: 1.0\n",
-        "corraltiny-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
-        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append("corraltiny-1.0.dist-info/RECORD,,")
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-        archive.writestr("corraltiny-1.0.dist-info/RECORD", "\n".join(record) + "\n")
-    return buffer.getvalue()
-
-
 async def test_sessions_resume_after_a_server_restart_with_files_and_packages(
     settings: Settings,
 ) -> None:
     async with Service(settings) as service:
         info = await service.create_session("keep")
         wheel = info.workspace / "corraltiny-1.0-py3-none-any.whl"
-        wheel.write_bytes(_tiny_wheel())
+        wheel.write_bytes(tiny_wheel())
         install = await service.execute(
             "pip install --no-index --quiet /workspace/corraltiny-1.0-py3-none-any.whl",
             session_id="keep",
@@ -153,7 +128,7 @@ async def test_installed_package_lives_in_the_session_not_the_shared_runtime(
 ) -> None:
     async with Service(settings) as service:
         info = await service.create_session("pkg")
-        (info.workspace / "w.whl").write_bytes(_tiny_wheel())
+        (info.workspace / "w.whl").write_bytes(tiny_wheel())
         await service.execute(
             "cp /workspace/w.whl /tmp/corraltiny-1.0-py3-none-any.whl && "
             "pip install --no-index --quiet /tmp/corraltiny-1.0-py3-none-any.whl",

@@ -66,7 +66,11 @@ class Network:
         return path
 
     async def forget(self, session_id: str) -> None:
+        """The session is deleted: stop its proxy and drop its policy (a new session with the
+        same name starts from the default)."""
         await self.proxy.close(session_id)
+        self.policies.pop(session_id, None)
+        self.store.delete_policy(session_id)
 
     # -- changes by the operator -----------------------------------------------------------
 

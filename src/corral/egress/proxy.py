@@ -222,7 +222,7 @@ class EgressProxy:
         tunnel = _Tunnel(target, decision.address, (client.writer, up_writer))
         egress.tunnels.add(tunnel)
         try:
-            await client.connected(up_writer)
+            egress.bytes_out += await client.connected(up_writer)
             await self._relay(egress, client.reader, up_reader, up_writer, client.writer)
         finally:
             egress.tunnels.discard(tunnel)
@@ -320,8 +320,8 @@ class _Client(abc.ABC):
         """See the subclasses."""
 
     @abc.abstractmethod
-    async def connected(self, upstream: asyncio.StreamWriter) -> None:
-        """See the subclasses."""
+    async def connected(self, upstream: asyncio.StreamWriter) -> int:
+        """Tell the client the way is open (or send its request on); bytes sent upstream."""
 
     async def _send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -366,12 +366,13 @@ class _HttpClient(_Client):
             )
         )
 
-    async def connected(self, upstream: asyncio.StreamWriter) -> None:
-        if self.request is not None and self.request.tunnel:
+    async def connected(self, upstream: asyncio.StreamWriter) -> int:
+        if self.request is None or self.request.tunnel:
             await self._send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        elif self.request is not None:
-            upstream.write(self.request.upstream_head)
-            await upstream.drain()
+            return 0
+        upstream.write(self.request.upstream_head)
+        await upstream.drain()
+        return len(self.request.upstream_head)
 
 
 class _SocksClient(_Client):
@@ -421,5 +422,6 @@ class _SocksClient(_Client):
     async def unreachable(self, target: p.Target, address: IPAddress, error: Exception) -> None:
         await self._send(p.socks_reply(p.SOCKS_HOST_UNREACHABLE))
 
-    async def connected(self, upstream: asyncio.StreamWriter) -> None:
+    async def connected(self, upstream: asyncio.StreamWriter) -> int:
         await self._send(p.socks_reply(p.SOCKS_OK))
+        return 0
