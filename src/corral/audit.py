@@ -33,6 +33,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
 from corral.errors import InvalidInput, SandboxError
+from corral.store import open_database
 
 KINDS: Final = ("execution", "session", "admin", "network")
 # "system" is corral acting on its own, e.g. stopping an idle session.
@@ -144,18 +145,7 @@ class AuditLog:
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._writes_since_rotation = 0
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            self._db = sqlite3.connect(
-                path, timeout=10, check_same_thread=False, isolation_level=None
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=10000")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise SandboxError(f"cannot open the audit log in {path}: {exc}") from exc
+        self._db = open_database(path, _SCHEMA, "the audit log")
         try:
             self.rotate()
         except SandboxError:

@@ -62,22 +62,29 @@ class NetRequest:
         return dict(self.__dict__)
 
 
+def open_database(path: Path, schema: str, what: str) -> sqlite3.Connection:
+    """An autocommit connection to `path` in WAL mode with `schema` applied.
+
+    Shared by every table owner of the state database. Raises `SandboxError` naming `what`.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA busy_timeout=10000")
+        db.executescript(schema)
+    except sqlite3.Error as exc:
+        raise SandboxError(f"cannot open {what} in {path}: {exc}") from exc
+    return db
+
+
 class Store:
     """Session records in `path`; safe to share between threads of one process."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            self._db = sqlite3.connect(
-                path, timeout=10, check_same_thread=False, isolation_level=None
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=10000")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise SandboxError(f"cannot open the session database {path}: {exc}") from exc
+        self._db = open_database(path, _SCHEMA, "the session database")
 
     def put(self, record: SessionRecord) -> None:
         self._write(
