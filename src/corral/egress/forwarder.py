@@ -4,7 +4,8 @@ Run inside the sandbox as `python forwarder.py SOCKET -- KERNEL ARGV...`. It bin
 first, forks a child that relays every accepted connection to the unix socket SOCKET (one
 byte saying which port, then the bytes as they come), and execs the kernel in the parent, so
 the kernel stays the sandbox's main process and the relay dies with it. It parses nothing
-and decides nothing: all policy lives on the host. Standard library only.
+and decides nothing: all policy lives on the host. Standard library only, plus relay.py, which
+is bound beside it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ import os
 import socket
 import sys
 
+try:
+    from corral.egress.relay import bridge_streams
+except ImportError:  # inside the sandbox: relay.py is bound beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from relay import bridge_streams  # type: ignore[import-not-found,no-redef]
+
 HTTP_PORT, SOCKS_PORT = 3128, 1080
 KINDS = {HTTP_PORT: b"H", SOCKS_PORT: b"S"}
-CHUNK = 64 * 1024
+IDLE_TIMEOUT_S = 3600.0  # the host proxy enforces the real idle limit
 
 
 def listen(port: int) -> socket.socket:
@@ -28,31 +35,22 @@ def listen(port: int) -> socket.socket:
     return sock
 
 
-async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(CHUNK):
-            dst.write(data)
-            await dst.drain()
-        if dst.can_write_eof():
-            dst.write_eof()
-    except (ConnectionError, OSError):
-        dst.close()
-
-
 async def relay(
     kind: bytes, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     try:
-        up_reader, up_writer = await asyncio.open_unix_connection(path)
+        up = await asyncio.open_unix_connection(path)
     except OSError:
         writer.close()
         return
-    up_writer.write(kind)
-    try:
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-    finally:
-        writer.close()
-        up_writer.close()
+    up[1].write(kind)
+
+    def ignore(count: int) -> None:
+        pass
+
+    await bridge_streams(
+        (reader, writer), up, a_to_b=ignore, b_to_a=ignore, idle_timeout_s=IDLE_TIMEOUT_S
+    )
 
 
 async def serve(path: str, sockets: dict[int, socket.socket]) -> None:

@@ -19,10 +19,9 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from corral.egress import protocol as p
-from corral.egress.relay import bridge
+from corral.egress.relay import bridge_streams
 from corral.egress.rules import Decision, IPAddress, Policy, decide, literal_address, should_resolve
 
 log = logging.getLogger(__name__)
@@ -257,27 +256,13 @@ class EgressProxy:
         def inbound(count: int) -> None:
             egress.bytes_in += count
 
-        pending_down, pending_up = _take_buffered(down), _take_buffered(up)
-        await bridge(
-            cast(asyncio.Transport, down_writer.transport),
-            cast(asyncio.Transport, up_writer.transport),
+        await bridge_streams(
+            (down, down_writer),
+            (up, up_writer),
             a_to_b=outbound,
             b_to_a=inbound,
             idle_timeout_s=self.limits.idle_timeout_s,
-            pending_a=pending_down,
-            pending_b=pending_up,
-            eof_a=down.at_eof(),
-            eof_b=up.at_eof(),
         )
-
-
-def _take_buffered(reader: asyncio.StreamReader) -> bytes:
-    """Bytes the stream already read but nobody consumed (a request body sent right after its
-    head, or an early answer). StreamReader has no public way to hand them over."""
-    buffer: bytearray = getattr(reader, "_buffer")  # noqa: B009
-    data = bytes(buffer)
-    buffer.clear()
-    return data
 
 
 def refusal_text(session_id: str, target: p.Target, decision: Decision) -> str:

@@ -12,8 +12,43 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import cast
 
 Counter = Callable[[int], None]
+
+
+def take_buffered(reader: asyncio.StreamReader) -> bytes:
+    """Bytes the stream already read but nobody consumed (a request body sent right after its
+    head, or an early answer). StreamReader has no public way to hand them over."""
+    buffer: bytearray = getattr(reader, "_buffer")  # noqa: B009
+    data = bytes(buffer)
+    buffer.clear()
+    return data
+
+
+async def bridge_streams(
+    down: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    up: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    *,
+    a_to_b: Counter,
+    b_to_a: Counter,
+    idle_timeout_s: float,
+) -> None:
+    """`bridge` for two asyncio stream pairs, handing over what their readers hold."""
+    pending_down, pending_up = take_buffered(down[0]), take_buffered(up[0])
+    await bridge(
+        cast(asyncio.Transport, down[1].transport),
+        cast(asyncio.Transport, up[1].transport),
+        a_to_b=a_to_b,
+        b_to_a=b_to_a,
+        idle_timeout_s=idle_timeout_s,
+        pending_a=pending_down,
+        pending_b=pending_up,
+        eof_a=down[0].at_eof(),
+        eof_b=up[0].at_eof(),
+    )
+
+
 IDLE_CHECK_S = 5.0
 
 

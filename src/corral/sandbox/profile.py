@@ -95,7 +95,11 @@ def default_policy(
 def _egress_binds(egress_socket: Path | None) -> tuple[Bind, ...]:
     if egress_socket is None:
         return ()
-    return (Bind(egress_socket, SANDBOX_EGRESS_SOCKET), Bind(FORWARDER, SANDBOX_FORWARDER))
+    return (
+        Bind(egress_socket, SANDBOX_EGRESS_SOCKET),
+        Bind(FORWARDER, SANDBOX_FORWARDER),
+        Bind(FORWARDER.with_name("relay.py"), SANDBOX_FORWARDER.replace("forwarder", "relay")),
+    )
 
 
 def egress_launcher(runtime: PythonRuntime) -> list[str]:
