@@ -7,12 +7,9 @@ which a sandbox reaches only when its policy lists that exact address.
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +20,10 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.loopback import HOST, serve_directory
 from tests.server.conftest import RunningServer, free_port
 
-HOST = "127.0.0.2"
 HELLO = "hello from the host\n"
-
-
-class _QuietFiles(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +31,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A static file server on 127.0.0.2 with hello.txt; yields its port."""
     root = tmp_path_factory.mktemp("api-site")
     (root / "hello.txt").write_text(HELLO)
-    handler = functools.partial(_QuietFiles, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer((HOST, 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield int(httpd.server_address[1])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serve_directory(root) as port:
+        yield port
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
-import http.server
 import os
 import re
 import shutil
@@ -29,9 +27,9 @@ import pytest
 from corral.kernels.results import ExecutionResult
 from corral.service import Service
 from tests.conftest import make_settings
+from tests.loopback import HOST, serve_directory
 from tests.wheels import tiny_wheel
 
-HOST = "127.0.0.2"
 SID = "net"
 HELLO = "hello from the host\n"
 BIG_BYTES = 200_000
@@ -39,27 +37,6 @@ MANY_FILES = 120  # a repository of that many blobs: one dumb-HTTP request per l
 
 
 # -- host-side servers ---------------------------------------------------------------------
-
-
-class _QuietFiles(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def serve_directory(root: Path) -> Iterator[int]:
-    """A static file server for `root` on 127.0.0.2; yields its port."""
-    handler = functools.partial(_QuietFiles, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer((HOST, 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield int(httpd.server_address[1])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
 
 
 @dataclass

@@ -45,12 +45,7 @@ async def relay(
         return
     up[1].write(kind)
 
-    def ignore(count: int) -> None:
-        pass
-
-    await bridge_streams(
-        (reader, writer), up, a_to_b=ignore, b_to_a=ignore, idle_timeout_s=IDLE_TIMEOUT_S
-    )
+    await bridge_streams((reader, writer), up, idle_timeout_s=IDLE_TIMEOUT_S)
 
 
 async def serve(path: str, sockets: dict[int, socket.socket]) -> None:

@@ -17,6 +17,10 @@ from typing import cast
 Counter = Callable[[int], None]
 
 
+def _uncounted(count: int) -> None:
+    """A relay nobody counts (the forwarder: the host proxy keeps the figures)."""
+
+
 def take_buffered(reader: asyncio.StreamReader) -> bytes:
     """Bytes the stream already read but nobody consumed (a request body sent right after its
     head, or an early answer). StreamReader has no public way to hand them over."""
@@ -30,17 +34,17 @@ async def bridge_streams(
     down: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     up: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     *,
-    a_to_b: Counter,
-    b_to_a: Counter,
     idle_timeout_s: float,
+    a_to_b: Counter | None = None,
+    b_to_a: Counter | None = None,
 ) -> None:
     """`bridge` for two asyncio stream pairs, handing over what their readers hold."""
     pending_down, pending_up = take_buffered(down[0]), take_buffered(up[0])
     await bridge(
         cast(asyncio.Transport, down[1].transport),
         cast(asyncio.Transport, up[1].transport),
-        a_to_b=a_to_b,
-        b_to_a=b_to_a,
+        a_to_b=a_to_b or _uncounted,
+        b_to_a=b_to_a or _uncounted,
         idle_timeout_s=idle_timeout_s,
         pending_a=pending_down,
         pending_b=pending_up,
