@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
 
 from corral.errors import SandboxUnavailable
 from corral.sandbox.policy import Bind, SandboxPolicy
@@ -58,8 +57,6 @@ def build_argv(
         argv += ["--perms", f"{tmp.mode:o}", "--size", str(tmp.size_bytes), "--tmpfs", tmp.dest]
     for bind in policy.binds:
         argv += _bind_args(bind)
-    for path in policy.extra_dirs:
-        argv += ["--dir", path]
     for key, value in policy.env:
         argv += ["--setenv", key, value]
     # The root itself stays read-only: nothing can be created outside the mounts above.
@@ -110,7 +107,3 @@ def bwrap_version(bwrap: str) -> tuple[int, ...]:
     if not match:
         raise SandboxUnavailable(f"{bwrap} --version printed no version: {out!r}")
     return tuple(int(part) for part in match.groups("0"))
-
-
-def path_of(bwrap: str) -> Path:
-    return Path(bwrap).resolve()

@@ -6,7 +6,7 @@ The policy is built by `corral.sandbox.profile` and turned into a bwrap command 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SANDBOX_UID = 1000
@@ -62,10 +62,6 @@ class SandboxPolicy:
     uid: int = SANDBOX_UID
     gid: int = SANDBOX_GID
     seccomp: bool = True
-    extra_dirs: tuple[str, ...] = field(default=())
-
-    def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
 
     def with_run_dir(self, run_dir: Path) -> SandboxPolicy:
         """This policy with one kernel's run directory (its sockets) at `SANDBOX_RUN_DIR`."""
