@@ -54,6 +54,10 @@ class ExecutionResult:
     kernel_restarted: bool = False
     message: str | None = None
 
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
