@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -92,9 +93,17 @@ class Service:
         if session_id is not None:
             self.sessions.get(session_id)
 
-    def _audit_execution(self, result: ExecutionResult, code: str, actor: str) -> None:
+    def _audit(self, what: str, write: Callable[[], object]) -> None:
+        """Write one audit record; a refusal is logged, never lets the caller's action fail."""
         try:
-            self.audit.record_execution(
+            write()
+        except CorralError:
+            log.exception("the audit log refused %s record", what)
+
+    def _audit_execution(self, result: ExecutionResult, code: str, actor: str) -> None:
+        self._audit(
+            "an execution",
+            lambda: self.audit.record_execution(
                 result.session_id,
                 result.language,
                 code,
@@ -103,9 +112,8 @@ class Service:
                 output_bytes=result.output_bytes,
                 actor=actor,
                 at=result.started_at or None,
-            )
-        except CorralError:
-            log.exception("the audit log refused an execution record")
+            ),
+        )
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -135,10 +143,7 @@ class Service:
     async def admin_stop_session(self, session_id: str) -> SessionInfo:
         """The operator stops any session: a session event and an admin action."""
         info = await self.stop_session(session_id, actor="admin")
-        try:
-            self.audit.record_admin("stop_session", session_id, session=session_id)
-        except CorralError:
-            log.exception("the audit log refused an admin record")
+        self._audit_admin("stop_session", session_id, {})
         return info
 
     async def restart_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
@@ -151,10 +156,7 @@ class Service:
         self._audit_session(session_id, "deleted", actor)
 
     def _audit_session(self, session_id: str, event: str, actor: str) -> None:
-        try:
-            self.audit.record_session(session_id, event, actor=actor)
-        except CorralError:
-            log.exception("the audit log refused a session record")
+        self._audit("a session", lambda: self.audit.record_session(session_id, event, actor=actor))
 
     # -- files -----------------------------------------------------------------------------
 
@@ -233,14 +235,15 @@ class Service:
         return {**policy.to_dict(), "tunnels_closed": cut}
 
     def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
-        try:
-            self.audit.record_admin(action, session_id, session=session_id, detail=detail)
-        except CorralError:
-            log.exception("the audit log refused an admin record")
+        self._audit(
+            "an admin",
+            lambda: self.audit.record_admin(action, session_id, session=session_id, detail=detail),
+        )
 
     def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
-        try:
-            self.audit.record(
+        self._audit(
+            "a network",
+            lambda: self.audit.record(
                 "network",
                 actor="agent",
                 action="allow" if decision.allowed else "deny",
@@ -253,9 +256,8 @@ class Service:
                     "address": str(decision.address) if decision.address else None,
                     "rule": decision.rule,
                 },
-            )
-        except CorralError:
-            log.exception("the audit log refused a network record")
+            ),
+        )
 
     # -- audit -----------------------------------------------------------------------------
 

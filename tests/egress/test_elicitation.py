@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -15,30 +12,16 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ElicitResult
 
 from corral.config import Settings
-from corral.tokens import load_tokens
-from tests.server.conftest import RunningServer, free_port, start_server, stop_server
-
-
-def _server(base: Settings, **changes: Any) -> tuple[RunningServer, Any, Any]:
-    run = Path(tempfile.mkdtemp(prefix="crl", dir="/tmp"))
-    settings = replace(
-        base,
-        port=free_port(),
-        run_root=run,
-        state_dir=run / "state",
-        config_dir=run / "config",
-        **changes,
-    )
-    return start_server(settings, load_tokens(settings.config_dir, env={}))
+from tests.server.conftest import (
+    RunningServer,
+    variant_server,
+)
 
 
 @pytest.fixture
 def eliciting(server_settings: Settings) -> Iterator[RunningServer]:
-    running, uv, thread = _server(server_settings, net_elicitation=True)
-    try:
+    with variant_server(server_settings, net_elicitation=True) as running:
         yield running
-    finally:
-        stop_server(uv, thread)
 
 
 async def _ask(server: RunningServer, allow: bool, seen: list[str]) -> dict[str, Any]:

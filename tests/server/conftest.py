@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -115,3 +117,29 @@ def sid(server: RunningServer, request: pytest.FixtureRequest) -> Iterator[str]:
     yield name
     with server.client() as http:
         http.delete(f"/v1/sessions/{name}")
+
+
+@contextlib.contextmanager
+def variant_server(
+    base: Settings, *, with_tokens: bool = True, token_problem: str | None = None, **changes: Any
+) -> Iterator[RunningServer]:
+    """A second real server with `changes` to `base`, in fresh directories, stopped on exit.
+
+    `with_tokens=False` starts it without tokens (failing closed with `token_problem`).
+    """
+    run = Path(tempfile.mkdtemp(prefix="crw", dir="/tmp"))
+    settings = replace(
+        base,
+        port=free_port(),
+        run_root=run,
+        state_dir=run / "state",
+        config_dir=run / "config",
+        **changes,
+    )
+    tokens = load_tokens(settings.config_dir, env={}) if with_tokens else None
+    running, uv, thread = start_server(settings, tokens, token_problem)
+    try:
+        yield running
+    finally:
+        stop_server(uv, thread)
+        shutil.rmtree(run, ignore_errors=True)

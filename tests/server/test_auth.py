@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import replace
-from pathlib import Path
-
 import httpx
 import pytest
 
 from corral.config import Settings
-from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+from tests.server.conftest import (
+    RunningServer,
+    variant_server,
+)
 
 INIT = {
     "jsonrpc": "2.0",
@@ -100,15 +99,14 @@ def test_localhost_name_is_accepted(server: RunningServer) -> None:
 
 
 def test_server_without_usable_tokens_fails_closed(server_settings: Settings) -> None:
-    run = Path(tempfile.mkdtemp(prefix="crz", dir="/tmp"))
-    settings = replace(server_settings, port=free_port(), run_root=run, state_dir=run / "state")
-    running, uv, thread = start_server(settings, None, "the token file is a link")
-    try:
-        with httpx.Client(base_url=running.base_url) as http:
-            assert http.get("/health").status_code == 200
-            response = http.get("/v1/sessions", headers={"Authorization": "Bearer " + "a" * 43})
-            assert response.status_code == 503
-            assert "the token file is a link" in response.json()["error"]["message"]
-            assert http.post("/mcp", json=INIT, headers=MCP_HEADERS).status_code == 503
-    finally:
-        stop_server(uv, thread)
+    with (
+        variant_server(
+            server_settings, with_tokens=False, token_problem="the token file is a link"
+        ) as running,
+        httpx.Client(base_url=running.base_url) as http,
+    ):
+        assert http.get("/health").status_code == 200
+        response = http.get("/v1/sessions", headers={"Authorization": "Bearer " + "a" * 43})
+        assert response.status_code == 503
+        assert "the token file is a link" in response.json()["error"]["message"]
+        assert http.post("/mcp", json=INIT, headers=MCP_HEADERS).status_code == 503

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from corral.config import Settings
-from corral.tokens import load_tokens
-from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+from tests.server.conftest import (
+    RunningServer,
+    variant_server,
+)
 
 
 def test_health_reports_version_and_ok(server: RunningServer) -> None:
@@ -20,26 +20,15 @@ def test_health_reports_version_and_ok(server: RunningServer) -> None:
 
 
 def test_health_is_503_with_the_reason_when_sandboxes_cannot_start(
-    server_settings: Settings,
+    server_settings: Settings, tmp_path: Path
 ) -> None:
-    run = Path(tempfile.mkdtemp(prefix="crh", dir="/tmp"))
-    fake = run / "bwrap"
+    fake = tmp_path / "bwrap"
     fake.write_text(
         "#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.11.0' && exit 0\n"
         "echo 'bwrap: No permissions to create new namespace' >&2; exit 1\n"
     )
     fake.chmod(0o755)
-    settings = replace(
-        server_settings,
-        port=free_port(),
-        run_root=run,
-        state_dir=run / "state",
-        config_dir=run / "config",
-        bwrap=str(fake),
-    )
-    tokens = load_tokens(settings.config_dir, env={})
-    running, uv, thread = start_server(settings, tokens)
-    try:
+    with variant_server(server_settings, bwrap=str(fake)) as running:
         health = httpx.get(f"{running.base_url}/health")
         assert health.status_code == 503
         body = health.json()
@@ -50,5 +39,3 @@ def test_health_is_503_with_the_reason_when_sandboxes_cannot_start(
         assert failed.status_code == 503
         assert failed.json()["error"]["code"] == "kernel_start_failed"
         assert "kernels" in httpx.get(f"{running.base_url}/health").json()["checks"]
-    finally:
-        stop_server(uv, thread)
