@@ -24,6 +24,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
 pytest: $(STAMP)
+	scripts/install-test-packages
 	$(VENV)/bin/pytest
 
 bench: $(STAMP)

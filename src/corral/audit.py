@@ -7,6 +7,8 @@ but with its own connection. Every entry has a `kind`:
     session     a session event (created, started, stopped, restarted, deleted, idle-stopped)
     admin       an operator action: its name, its target and a JSON detail
     network     an egress decision (recorded through `record`; detail: host, port, address, ...)
+    bridge      a connection to the SSH agent bridge: "relayed" or why it was refused
+    protected   protected files of a project mount the sandbox changed or created (names only)
 
 Columns shared by every kind: `id`, `at` (epoch seconds), `kind`, `session`, `actor`, `action`
 (the event or action name), `target` and `detail` (a JSON object). Executions also fill
@@ -35,7 +37,7 @@ from typing import Any, Final
 from corral.errors import InvalidInput, SandboxError
 from corral.store import open_database
 
-KINDS: Final = ("execution", "session", "admin", "network")
+KINDS: Final = ("execution", "session", "admin", "network", "bridge", "protected")
 # "system" is corral acting on its own, e.g. stopping an idle session.
 ACTORS: Final = ("agent", "admin", "cli", "system")
 SESSION_EVENTS: Final = ("created", "started", "stopped", "restarted", "deleted", "idle-stopped")

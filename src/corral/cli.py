@@ -22,12 +22,14 @@ from rich.console import Console
 from rich.table import Table
 
 from corral import __version__
-from corral.audit import AuditLog
+from corral.audit import KINDS, AuditLog
 from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks
 from corral.errors import CorralError, InvalidInput
 from corral.kernels.results import ExecutionResult
+from corral.mounts import configured_mounts
+from corral.sandbox.limits import format_size
 from corral.service import Service
 from corral.store import Store
 from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
@@ -174,12 +176,56 @@ def sessions_delete(session_id: str) -> None:
 @click.option(
     "--allow-remote", is_flag=True, help="Required to bind an address other than loopback."
 )
-def serve(host: str | None, port: int | None, allow_remote: bool) -> None:
+@click.option(
+    "--forward-env",
+    "forward_env",
+    multiple=True,
+    metavar="NAME",
+    help="Pass this host variable into every sandbox (repeatable; never proxy settings).",
+)
+@click.option(
+    "--mount",
+    "mount",
+    multiple=True,
+    metavar="NAME=PATH[:ro|rw]",
+    help="A project folder sessions may ask for by NAME (repeatable; read-only by default).",
+)
+@click.option(
+    "--allow-home-mount", is_flag=True, help="Allow a mount that is your home folder as a whole."
+)
+@click.option(
+    "--protect",
+    multiple=True,
+    metavar="RELPATH",
+    help="Another file to protect in read-write mounts, like .envrc (repeatable).",
+)
+def serve(
+    host: str | None,
+    port: int | None,
+    allow_remote: bool,
+    forward_env: tuple[str, ...],
+    mount: tuple[str, ...],
+    allow_home_mount: bool,
+    protect: tuple[str, ...],
+) -> None:
     """Run the server: MCP at /mcp and the REST API, on 127.0.0.1:8222 by default."""
     from corral.server.app import serve as run_server
 
     settings = _settings()
-    settings = replace(settings, host=host or settings.host, port=port or settings.port)
+    settings = replace(
+        settings,
+        host=host or settings.host,
+        port=port or settings.port,
+        forward_env=_joined(settings.forward_env, forward_env),
+        mounts=_joined(settings.mounts, mount),
+        protected_files=_joined(settings.protected_files, protect),
+        allow_home_mount=allow_home_mount or settings.allow_home_mount,
+    )
+    try:
+        settings.forwarded_names  # noqa: B018 - validates every name before serving
+        configured_mounts(settings)
+    except InvalidInput as exc:
+        raise click.UsageError(str(exc)) from exc
     if not is_loopback(settings.host):
         if not allow_remote:
             raise click.UsageError(
@@ -200,6 +246,10 @@ def serve(host: str | None, port: int | None, allow_remote: bool) -> None:
         "'corral mcp-config CLIENT' prints a ready client snippet)"
     )
     run_server(settings, Service(settings), tokens, problem)
+
+
+def _joined(configured: str, given: tuple[str, ...]) -> str:
+    return ",".join(filter(None, [configured, *given]))
 
 
 @main.command("mcp-stdio")
@@ -229,7 +279,7 @@ def mcp_config(client: str) -> None:
 
 
 @main.command()
-@click.option("--kind", type=click.Choice(["execution", "session", "admin", "network"]))
+@click.option("--kind", type=click.Choice(KINDS))
 @click.option("--session", "session_id", default=None)
 @click.option("--net", is_flag=True, help="Only network decisions (same as --kind network).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50)
@@ -269,6 +319,88 @@ def audit(
     out.print(table)
     if page.next_before_id is not None:
         out.print(f"more: corral audit --before-id {page.next_before_id}")
+
+
+@main.group()
+def limits() -> None:
+    """Show or change a session's limits on the running server (admin token)."""
+
+
+@limits.command("show")
+@click.argument("session_id")
+def limits_show(session_id: str) -> None:
+    """The session's limits, what enforces each one, and its usage."""
+    _print_limits(_admin("GET", f"/v1/admin/sessions/{session_id}/limits"))
+
+
+LIMIT_OPTIONS = {
+    "memory": "memory_bytes",
+    "cpus": "cpus",
+    "tasks": "tasks",
+    "workspace": "workspace_bytes",
+    "tmp": "tmp_bytes",
+    "timeout": "exec_timeout_s",
+    "idle": "idle_timeout_s",
+    "output": "output_bytes",
+}
+
+
+@limits.command("set")
+@click.argument("session_id")
+@click.option("--memory", help="Memory, tmpfs included (e.g. 1G).")
+@click.option("--cpus", type=float, help="CPUs (e.g. 0.5).")
+@click.option("--tasks", type=int, help="Processes and threads.")
+@click.option("--workspace", help="Workspace and package prefix size (e.g. 2G).")
+@click.option("--tmp", help="Size of /tmp, from the next start (e.g. 256M).")
+@click.option("--timeout", type=float, help="Seconds per execution.")
+@click.option("--idle", type=float, help="Seconds idle before the kernels stop.")
+@click.option("--output", help="Output bytes per execution.")
+def limits_set(session_id: str, **values: Any) -> None:
+    """Change limits; a running session changes at once where the mechanism allows."""
+    changes = {LIMIT_OPTIONS[k]: v for k, v in values.items() if v is not None}
+    if not changes:
+        raise click.UsageError("name at least one limit to change, e.g. --memory 1G")
+    report = _admin("PATCH", f"/v1/admin/sessions/{session_id}/limits", changes)
+    _print_limits(report)
+    if report.get("changed_at_next_start"):
+        click.echo(f"from the next start: {', '.join(report['changed_at_next_start'])}")
+
+
+def _print_limits(report: dict[str, Any]) -> None:
+    values = report["limits"]
+    click.echo(f"session {report['session_id']}: limits enforced by {report['mechanism']}")
+    for name, value in values.items():
+        shown = format_size(value) if name.endswith("_bytes") else f"{value:g}"
+        click.echo(f"  {name:16} {shown}")
+    usage = report.get("usage")
+    if usage:
+        click.echo(f"  using {format_size(usage['memory_bytes'])} and {usage['tasks']} tasks")
+
+
+@main.group()
+def bridge() -> None:
+    """Turn a session's SSH agent bridge on or off (admin token; applies at its next start)."""
+
+
+@bridge.command("enable")
+@click.argument("session_id")
+def bridge_enable(session_id: str) -> None:
+    """Let SESSION use this server's SSH agent through the bridge (keys stay on the host)."""
+    _print_bridge(_admin("PUT", f"/v1/admin/sessions/{session_id}/bridge", {"ssh_agent": True}))
+
+
+@bridge.command("disable")
+@click.argument("session_id")
+def bridge_disable(session_id: str) -> None:
+    """Turn SESSION's bridge off."""
+    _print_bridge(_admin("PUT", f"/v1/admin/sessions/{session_id}/bridge", {"ssh_agent": False}))
+
+
+def _print_bridge(report: dict[str, Any]) -> None:
+    state = "enabled" if report["ssh_agent"] else "disabled"
+    click.echo(f"session {report['session_id']}: SSH agent bridge {state}")
+    if report["restart_needed"]:
+        click.echo(f"restart the session to apply: corral sessions stop {report['session_id']}")
 
 
 @main.group()

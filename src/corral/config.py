@@ -7,6 +7,7 @@ environment variable (`CORRAL_<NAME>`), which the CLI and tests use.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import platformdirs
 
 from corral.errors import InvalidInput
+from corral.sandbox.limits import Limits, parse_size
 
 MIB = 1024 * 1024
 
@@ -34,8 +36,17 @@ class Settings:
     interrupt_grace_s: float = 5.0
     kernel_start_timeout_s: float = 60.0
     max_output_bytes: int = 1_000_000
-    tmp_size_bytes: int = 512 * MIB
+    tmp_size_bytes: int = 1024 * MIB
     home_size_bytes: int = 128 * MIB
+    memory_bytes: int = 2048 * MIB  # per session, its tmpfs pages included; no swap
+    cpus: float = 1.0
+    tasks: int = 256  # processes and threads per session
+    workspace_bytes: int = 5120 * MIB  # the workspace and the session's package prefix
+    limit_mechanism: str = "auto"  # auto (the strongest available) or rlimit (the fallback)
+    forward_env: str = ""  # host variables passed into every sandbox, comma-separated names
+    mounts: str = ""  # the operator's project folders: NAME=PATH[:ro|rw], comma-separated
+    allow_home_mount: bool = False  # let a mount be the home folder (or contain it)
+    protected_files: str = ""  # more file names protected in read-write mounts, comma-separated
     progress_interval_s: float = 5.0
     net_default: str = "none"  # the network mode of new sessions: none, allowlist or public
     net_allow: str = ""  # the allowlist of new sessions, comma-separated
@@ -45,6 +56,28 @@ class Settings:
     max_body_bytes: int = 10 * MIB
     max_upload_bytes: int = 100 * MIB
     allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated
+
+    def default_limits(self) -> Limits:
+        """The limits a new session starts with; the operator may change them per session."""
+        return Limits(
+            memory_bytes=self.memory_bytes,
+            cpus=self.cpus,
+            tasks=self.tasks,
+            workspace_bytes=self.workspace_bytes,
+            tmp_bytes=self.tmp_size_bytes,
+            exec_timeout_s=self.exec_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            output_bytes=self.max_output_bytes,
+        )
+
+    @property
+    def forwarded_names(self) -> tuple[str, ...]:
+        """The validated names of `forward_env`; raises `InvalidInput` for a refused one."""
+        return tuple(validate_env_name(n.strip()) for n in self.forward_env.split(",") if n.strip())
+
+    @property
+    def protected_names(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.protected_files.split(",") if n.strip())
 
     @property
     def sessions_dir(self) -> Path:
@@ -72,7 +105,32 @@ class Settings:
         return replace(settings, **overrides)  # type: ignore[arg-type]
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Set by corral itself inside the sandbox, or able to change how it loads code.
+RESERVED_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH"}
+    | {"PYTHONHOME", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "SSH_AUTH_SOCK"}
+)
+
+
+def validate_env_name(name: str) -> str:
+    """`name` if the operator may forward it into sandboxes; raises `InvalidInput`.
+
+    Proxy settings never pass (they carry credentials and would route around the egress
+    proxy), nor variables corral sets itself.
+    """
+    if not _ENV_NAME.fullmatch(name):
+        raise InvalidInput(f"{name!r} is not an environment variable name")
+    if "PROXY" in name.upper():
+        raise InvalidInput(f"{name} is a proxy setting: proxy settings never enter a sandbox")
+    if name.upper() in RESERVED_ENV:
+        raise InvalidInput(f"{name} is set by corral inside the sandbox and cannot be forwarded")
+    return name
+
+
 def _parse(name: str, raw: str, default: object) -> object:
+    if name.endswith("_bytes"):
+        return _positive(name, raw, parse_size(raw))
     try:
         if isinstance(default, bool):
             return raw.lower() in ("1", "true", "yes")
@@ -86,6 +144,10 @@ def _parse(name: str, raw: str, default: object) -> object:
             return raw
     except ValueError as exc:
         raise InvalidInput(f"CORRAL_{name.upper()}={raw!r} is not a number") from exc
+    return _positive(name, raw, value)
+
+
+def _positive(name: str, raw: str, value: float) -> float:
     if value <= 0:
         raise InvalidInput(f"CORRAL_{name.upper()} must be positive, not {raw!r}")
     return value

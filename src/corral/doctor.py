@@ -6,6 +6,7 @@ sandboxes: a probe that only reads sysctls would miss AppArmor or a seccomp-less
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import tempfile
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.config import Settings
-from corral.errors import SandboxUnavailable
+from corral.errors import CorralError, SandboxUnavailable
+from corral.sandbox.boxes import make_box
 from corral.sandbox.bwrap import bwrap_version, find_bwrap
-from corral.sandbox.limits import detect_mechanism
+from corral.sandbox.limits import choose_mechanism, enforcement
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.process import run_sandboxed
 from corral.sandbox.profile import SessionPaths, default_policy, write_identity_files
@@ -59,8 +61,24 @@ def run_checks(settings: Settings) -> list[Check]:
         checks.append(userns)
         if userns.ok and checks[1].ok:
             checks.extend(_check_sandbox(bwrap, settings))
-    mechanism = detect_mechanism()
-    checks.append(Check("limits", True, f"{mechanism.name}: {mechanism.detail}", mechanism.advice))
+    checks += _check_limits(settings)
+    return checks
+
+
+def _check_limits(settings: Settings) -> list[Check]:
+    """The mechanism (tried for real: a session box made and removed), then each limit."""
+    try:
+        mechanism = choose_mechanism(settings.limit_mechanism)
+        box = make_box(mechanism, f"doctor-{os.getpid()}", settings.default_limits())
+        box.create()
+        box.remove()
+    except CorralError as exc:
+        return [Check("limits", False, str(exc), "set CORRAL_LIMIT_MECHANISM=rlimit")]
+    weak = mechanism.name == "rlimit"
+    checks = [Check("limits", True, f"{mechanism.name}: {mechanism.detail}", mechanism.advice)]
+    for name, how in enforcement(mechanism.name).items():
+        advice = mechanism.advice if weak and name in ("memory", "cpu", "tasks") else None
+        checks.append(Check(f"limit {name}", True, how, advice))
     return checks
 
 

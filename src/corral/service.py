@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -47,6 +47,7 @@ class Service:
             **({"resolver": resolver} if resolver else {}),
         )
         self.sessions.egress = self.network
+        self.sessions.on_event = self._audit_event
 
     async def __aenter__(self) -> Service:
         self.network.open()
@@ -118,9 +119,9 @@ class Service:
     # -- sessions --------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str | None = None, *, actor: str = "agent"
+        self, session_id: str | None = None, *, actor: str = "agent", mounts: Sequence[str] = ()
     ) -> SessionInfo:
-        info = await self.sessions.create(session_id)
+        info = await self.sessions.create(session_id, mounts=mounts)
         self._audit_session(info.id, "created", actor)
         return info
 
@@ -182,6 +183,33 @@ class Service:
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
+
+    def set_bridge(self, session_id: str, enabled: bool) -> dict[str, Any]:
+        """Enable or disable a session's SSH agent bridge (admin)."""
+        report = self.sessions.set_bridge(session_id, enabled)
+        self._audit_admin("set_bridge", session_id, {"ssh_agent": enabled})
+        return report
+
+    def _audit_event(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
+        actor = "agent" if kind == "bridge" else "system"
+        self._audit(
+            f"a {kind}",
+            lambda: self.audit.record(
+                kind, actor=actor, action=action, session=session_id, detail=detail
+            ),
+        )
+
+    # -- limits ------------------------------------------------------------------------------
+
+    def session_limits(self, session_id: str) -> dict[str, Any]:
+        """A session's limits, the mechanism enforcing them, and its usage (admin)."""
+        return self.sessions.get_limits(session_id)
+
+    def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change a session's limits (admin); running sandboxes change where they can."""
+        report = self.sessions.set_limits(session_id, changes)
+        self._audit_admin("set_limits", session_id, {"changes": changes})
+        return report
 
     # -- network -----------------------------------------------------------------------------
 

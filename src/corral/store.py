@@ -11,6 +11,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.errors import SandboxError
 
@@ -20,6 +21,10 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at REAL NOT NULL,
     last_used_at REAL NOT NULL,
     state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS session_options (
+    session TEXT PRIMARY KEY,
+    options TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS net_policies (
     session TEXT PRIMARY KEY,
@@ -96,12 +101,25 @@ class Store:
 
     def delete(self, session_id: str) -> None:
         self._write("DELETE FROM sessions WHERE id = ?", (session_id,))
+        self._write("DELETE FROM session_options WHERE session = ?", (session_id,))
 
     def all(self) -> list[SessionRecord]:
         rows = self._db.execute(
             "SELECT id, created_at, last_used_at, state FROM sessions ORDER BY created_at"
         ).fetchall()
         return [SessionRecord(*row) for row in rows]
+
+    def put_options(self, session_id: str, options: dict[str, Any]) -> None:
+        """What the operator chose for one session: limit changes, mounts, the agent bridge."""
+        self._write(
+            "INSERT INTO session_options(session, options) VALUES (?, ?) "
+            "ON CONFLICT(session) DO UPDATE SET options=excluded.options",
+            (session_id, json.dumps(options)),
+        )
+
+    def options(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT session, options FROM session_options").fetchall()
+        return {session: json.loads(options) for session, options in rows}
 
     def mark_all_stopped(self) -> None:
         self._write("UPDATE sessions SET state = 'stopped' WHERE state != 'stopped'", ())

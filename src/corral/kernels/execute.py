@@ -12,17 +12,25 @@ import queue
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelUnreachable
 from corral.kernels.kernel import SandboxedKernel
-from corral.kernels.results import ExecutionError, ExecutionResult, Status, strip_ansi
+from corral.kernels.results import ExecutionError, ExecutionResult, Limit, Status, strip_ansi
 
 OutputHook = Callable[[str, Any], Awaitable[None]]
 POLL_S = 0.25
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
+# Why the watch interrupted the code, as the limit a result reports.
+_LIMIT_OF_REASON: dict[str, Limit] = {"flood": "output", "disk": "disk"}
+
+
+class Guard(Protocol):
+    """Polled while code runs; returns the name of a limit the code went past, or None."""
+
+    async def check(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class ExecutionLimits:
     timeout_s: float
     grace_s: float
     max_output_bytes: int
+    guard: Guard | None = None
 
 
 @dataclass
@@ -137,7 +146,7 @@ class _Watch:
         self.kernel = kernel
         self.limits = limits
         self.deadline = started + limits.timeout_s
-        self.reason: str | None = None  # "timeout" or "flood" once interrupted
+        self.reason: str | None = None  # "timeout", "flood" or a guard's limit once interrupted
         self.grace_end = float("inf")
         self.last_alive_check = started
 
@@ -162,6 +171,8 @@ class _Watch:
             return "unresponsive"
         if now >= self.deadline:
             await self.interrupt("timeout")
+        elif self.limits.guard is not None and (hit := await self.limits.guard.check()):
+            await self.interrupt(hit)
         return None
 
 
@@ -221,13 +232,16 @@ def _conclude(
         return Outcome(result, kernel_usable=False)
     if watch.reason == "timeout":
         result.status = "timeout"
+        result.limit = "time"
         result.message = f"stopped after the {limits.timeout_s:g} s time limit"
-    elif watch.reason == "flood":
+    elif watch.reason is not None:
         interrupted = result.error is not None and result.error.ename == "KeyboardInterrupt"
         result.status = "interrupted" if interrupted else _status_of(result)
+        result.limit = _LIMIT_OF_REASON.get(watch.reason)
     else:
         result.status = _status_of(result)
     if result.output_truncated:
+        result.limit = result.limit or "output"
         note = (
             f"output cut at {limits.max_output_bytes} bytes; "
             f"{result.output_cut_bytes} more bytes were dropped"

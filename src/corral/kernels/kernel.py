@@ -19,6 +19,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
 from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
+from corral.sandbox.boxes import LimitBox
 from corral.sandbox.policy import SandboxPolicy
 
 SOCKET_POLL_S = 0.005
@@ -36,6 +37,7 @@ class SandboxedKernel:
         python: str,
         run_root: Path,
         launcher: list[str] | None = None,
+        box: LimitBox | None = None,
     ) -> None:
         self.language = language
         self.run_dir = make_run_dir(run_root)
@@ -44,6 +46,7 @@ class SandboxedKernel:
             policy=policy.with_run_dir(self.run_dir),
             bwrap=bwrap,
             run_dir=self.run_dir,
+            box=box,
         )
         self.client: AsyncKernelClient | None = None
         self.started_at = 0.0

@@ -21,6 +21,8 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
+from corral.errors import KernelStartFailed
+from corral.sandbox.boxes import GATE_ARGV, LimitBox
 from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
 from corral.sandbox.seccomp import filter_fd
@@ -61,11 +63,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         policy: SandboxPolicy,
         bwrap: str,
         run_dir: Path,
+        box: LimitBox | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(transport="ipc", **kwargs)
         self._kernel_spec = spec
         self.sandbox_policy = policy
+        self.box = box
         self.bwrap_path = bwrap
         self.run_dir = run_dir
         self.ip = str(run_dir / SOCKET_PREFIX)
@@ -98,6 +102,8 @@ class SandboxProvisioner(LocalProvisioner):
         argv = build_argv(
             manager.sandbox_policy, cmd, bwrap=manager.bwrap_path, seccomp_fd=seccomp_fd
         )
+        if manager.box is not None:
+            argv = [*GATE_ARGV, *argv]
         # Kept open for the kernel's lifetime; closed in cleanup().
         self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")  # noqa: SIM115
         try:
@@ -105,7 +111,7 @@ class SandboxProvisioner(LocalProvisioner):
             self.process = subprocess.Popen(  # noqa: ASYNC220
                 argv,
                 pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if manager.box is None else subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=self.stderr_log,
                 env={},
@@ -115,6 +121,8 @@ class SandboxProvisioner(LocalProvisioner):
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
+        if manager.box is not None:
+            _open_gate(self.process, manager.box)
         self.pid = self.process.pid
         self.pgid = self.process.pid
         self.cwd = "/"
@@ -134,6 +142,24 @@ class SandboxProvisioner(LocalProvisioner):
         if self.stderr_log is not None and not restart:
             self.stderr_log.close()
             self.stderr_log = None
+
+
+def _open_gate(process: subprocess.Popen[bytes], box: LimitBox) -> None:
+    """Put the waiting gate process under the session's limits, then let it exec bwrap."""
+    stdin = process.stdin
+    if stdin is None:
+        raise KernelStartFailed("the sandbox gate has no stdin")
+    try:
+        box.admit(process.pid)
+    except (OSError, ValueError) as exc:
+        process.kill()
+        process.wait()
+        raise KernelStartFailed(f"cannot put the sandbox under its limits: {exc}") from exc
+    finally:
+        if process.returncode is not None:
+            stdin.close()
+    stdin.write(b"go\n")
+    stdin.close()
 
 
 def _sandboxed_manager(parent: object) -> SandboxedKernelManager:

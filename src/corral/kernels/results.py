@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Status = Literal["ok", "error", "timeout", "interrupted", "died"]
+# The limit that stopped or cut an execution, when one did.
+Limit = Literal["memory", "tasks", "disk", "time", "output"]
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -34,7 +36,8 @@ class ExecutionResult:
 
     `results` are MIME bundles (`{"text/plain": ..., "image/png": <base64>, ...}`) from
     return values and displays, in order. `output_cut_bytes` counts output dropped past the
-    cap; `kernel_restarted` says the kernel was replaced (its variables are gone).
+    cap; `kernel_restarted` says the kernel was replaced (its variables are gone); `limit`
+    names the session limit that stopped or cut the code, and `message` says more.
     """
 
     status: Status = "ok"
@@ -52,6 +55,7 @@ class ExecutionResult:
     output_truncated: bool = False
     output_cut_bytes: int = 0
     kernel_restarted: bool = False
+    limit: Limit | None = None
     message: str | None = None
 
     @property

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
+import logging
+import os
 import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,17 +33,26 @@ from corral.errors import (
 )
 from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
 from corral.kernels.kernel import SandboxedKernel
-from corral.kernels.results import ExecutionResult
+from corral.kernels.projects import PreparedMount, choose_mounts, prepare_mounts
+from corral.kernels.results import ExecutionResult, Limit
+from corral.kernels.run import SessionRun, open_bridge
+from corral.mounts import configured_mounts, overlapping
+from corral.protect import validate_protected_names
+from corral.sandbox.boxes import Counters, LimitBox, describe_hit, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
+from corral.sandbox.disk import DiskWatch
+from corral.sandbox.limits import LIVE_LIMITS, Limits, choose_mechanism, enforcement
 from corral.sandbox.profile import (
     SessionPaths,
     default_policy,
     egress_launcher,
+    forwarded_env,
     write_identity_files,
 )
 from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
 from corral.store import SessionRecord, Store, now
 
+log = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 LANGUAGES = ("python", "bash")
 DEFAULT_SESSION = "default"
@@ -78,6 +92,7 @@ class SessionInfo:
     last_used_at: float
     kernels: tuple[str, ...]
     workspace: Path
+    mounts: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,19 +101,30 @@ class SessionInfo:
             "created_at": self.created_at,
             "last_used_at": self.last_used_at,
             "kernels": list(self.kernels),
+            "mounts": list(self.mounts),
         }
 
 
 class Session:
-    def __init__(self, record: SessionRecord, paths: SessionPaths) -> None:
+    def __init__(
+        self, record: SessionRecord, paths: SessionPaths, limits: Limits, options: dict[str, Any]
+    ) -> None:
         self.record = record
         self.paths = paths
+        self.limits = limits
+        self.options = options  # what the operator chose: limit changes, mounts, bridge
+        self.run: SessionRun | None = None  # while any kernel runs
+        self.disk = DiskWatch([paths.workspace, paths.env], lambda: self.limits.workspace_bytes)
         self.kernels: dict[str, SandboxedKernel] = {}
         self.lock = asyncio.Lock()
         self.starting = False
         self.failed: str | None = None
         self.lost: set[str] = set()  # languages whose kernel died since the last call
         self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
+
+    @property
+    def box(self) -> LimitBox | None:
+        return self.run.box if self.run is not None else None
 
     @property
     def running(self) -> bool:
@@ -122,6 +148,7 @@ class Session:
             last_used_at=self.record.last_used_at,
             kernels=tuple(sorted(self.kernels)),
             workspace=self.paths.workspace,
+            mounts=tuple(self.options.get("mounts", ())),
         )
 
 
@@ -139,6 +166,12 @@ class SessionManager:
         self.egress = egress
         self.runtime = runtime or current_runtime()
         self.bwrap = find_bwrap(settings.bwrap)
+        self.mechanism = choose_mechanism(settings.limit_mechanism)
+        self.forward_names = settings.forwarded_names
+        self.mounts = configured_mounts(settings)
+        self.protected_extra = validate_protected_names(settings.protected_names)
+        # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
+        self.on_event: Callable[[str, str, str, dict[str, Any]], None] | None = None
         self.store = Store(settings.db_path)
         self.identity_dir = settings.state_dir / "sandbox-etc"
         self.sessions: dict[str, Session] = {}
@@ -147,12 +180,15 @@ class SessionManager:
 
     async def open(self) -> None:
         """Load stored sessions (all stopped now) and start the idle reaper."""
+        if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
+            await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
         write_identity_files(self.identity_dir)
         self.settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.store.mark_all_stopped()
+        options = self.store.options()
         for record in self.store.all():
             record.state = "stopped"
-            self.sessions[record.id] = Session(record, self._paths(record.id))
+            self.sessions[record.id] = self._session(record, options.get(record.id, {}))
         self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
 
     async def close(self) -> None:
@@ -168,12 +204,22 @@ class SessionManager:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def create(self, session_id: str | None = None, *, start: bool = True) -> SessionInfo:
-        """A new session (a generated id when none is given), started unless `start` is False."""
+    async def create(
+        self, session_id: str | None = None, *, start: bool = True, mounts: Sequence[str] = ()
+    ) -> SessionInfo:
+        """A new session (a generated id when none is given), started unless `start` is False.
+
+        `mounts` names some of the operator's project mounts (never a path); raises
+        `InvalidInput` for one the operator did not configure.
+        """
         session_id = validate_session_id(session_id) if session_id else _new_id()
         if session_id in self.sessions:
             raise SessionExists(session_id)
+        chosen = choose_mounts(mounts, self.mounts)
         session = self._register(session_id)
+        if chosen:
+            session.options["mounts"] = chosen
+            self.store.put_options(session_id, session.options)
         if start:
             await self._ensure_kernel(session, "python")
         return session.info()
@@ -256,7 +302,8 @@ class SessionManager:
         result = ExecutionResult(language=language, session_id=session.record.id)
         result.queued_s = time.monotonic() - queued
         restarted = await self._ensure_kernel(session, language)
-        limits = self.limits_for(timeout_s)
+        limits = self.limits_for(timeout_s, session)
+        before = _counters(session)
         try:
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
         except KernelUnreachable:
@@ -264,6 +311,7 @@ class SessionManager:
             await self._replace_kernel(session, language)
             restarted = True
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+        _attribute_limit(outcome.result, before, _counters(session), session.limits)
         if not outcome.kernel_usable:
             await self._after_kernel_loss(session, language, outcome.result)
         outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
@@ -285,17 +333,79 @@ class SessionManager:
                 return
         task.cancel()
 
-    def limits_for(self, timeout_s: float | None) -> ExecutionLimits:
+    def limits_for(
+        self, timeout_s: float | None, session: Session | None = None
+    ) -> ExecutionLimits:
         """The limits of one execution; raises `InvalidInput` for a timeout past the cap."""
-        if timeout_s is not None and not 0 < timeout_s <= self.settings.exec_timeout_s:
-            raise InvalidInput(
-                f"timeout must be between 0 and {self.settings.exec_timeout_s:g} seconds"
-            )
+        limits = session.limits if session is not None else self.settings.default_limits()
+        if timeout_s is not None and not 0 < timeout_s <= limits.exec_timeout_s:
+            raise InvalidInput(f"timeout must be between 0 and {limits.exec_timeout_s:g} seconds")
         return ExecutionLimits(
-            timeout_s=timeout_s or self.settings.exec_timeout_s,
+            timeout_s=timeout_s or limits.exec_timeout_s,
             grace_s=self.settings.interrupt_grace_s,
-            max_output_bytes=self.settings.max_output_bytes,
+            max_output_bytes=limits.output_bytes,
+            guard=session.disk if session is not None else None,
         )
+
+    def set_bridge(self, session_id: str, enabled: bool) -> dict[str, Any]:
+        """Enable or disable the SSH agent bridge of a session (operator only).
+
+        It takes effect when the session's kernels next start; the answer says whether a
+        restart is needed.
+        """
+        session = self._get(session_id)
+        session.options["bridge"] = enabled
+        self.store.put_options(session.record.id, session.options)
+        active = session.run is not None and session.run.bridge is not None
+        return {
+            "session_id": session.record.id,
+            "ssh_agent": enabled,
+            "active": active,
+            "restart_needed": session.run is not None and active != enabled,
+        }
+
+    # -- limits ----------------------------------------------------------------------------
+
+    def get_limits(self, session_id: str) -> dict[str, Any]:
+        """The session's limits, what enforces them, and its usage while it runs."""
+        session = self._get(session_id)
+        box = session.box
+        usage = None
+        if box is not None:
+            current = box.usage()
+            usage = {"memory_bytes": current.memory_bytes, "tasks": current.tasks}
+        return {
+            "session_id": session.record.id,
+            "limits": session.limits.to_dict(),
+            "mechanism": self.mechanism.name,
+            "enforcement": enforcement(self.mechanism.name),
+            "usage": usage,
+            "workspace_bytes_used": session.disk.usage,
+        }
+
+    def set_limits(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change a session's limits (operator only); running sandboxes change at once.
+
+        Raises `InvalidInput` for an unknown or bad value, `LimitRefused` when the kernel
+        refuses (memory below what is in use). Limits that cannot change a running sandbox
+        (the tmpfs size) apply from its next start.
+        """
+        session = self._get(session_id)
+        new = session.limits.changed(changes)
+        if session.box is not None:
+            session.box.apply(new)
+        session.limits = new
+        overrides = dict(session.options.get("limits", {}))
+        overrides.update({name: getattr(new, name) for name in changes})
+        session.options["limits"] = overrides
+        self.store.put_options(session.record.id, session.options)
+        report = self.get_limits(session_id)
+        running = session.box is not None
+        report["changed_now"] = sorted(n for n in changes if running and n in LIVE_LIMITS)
+        report["changed_at_next_start"] = sorted(
+            n for n in changes if not (running and n in LIVE_LIMITS)
+        )
+        return report
 
     async def _after_kernel_loss(
         self, session: Session, language: str, result: ExecutionResult
@@ -335,23 +445,9 @@ class SessionManager:
             socket = None
             if self.egress is not None:
                 socket = await self.egress.socket_for(session.record.id)
-            policy = default_policy(
-                self.runtime,
-                session.paths,
-                self.identity_dir,
-                tmp_size_bytes=self.settings.tmp_size_bytes,
-                home_size_bytes=self.settings.home_size_bytes,
-                egress_socket=socket,
-            )
-            kernel = SandboxedKernel(
-                language,
-                policy,
-                bwrap=self.bwrap,
-                python=self.runtime.sandbox_python,
-                run_root=self.settings.run_root,
-                launcher=egress_launcher(self.runtime) if socket is not None else None,
-            )
-            await kernel.start(self.settings.kernel_start_timeout_s)
+            run = await self._open_run(session)
+            kernel = self._new_kernel(session, language, run, socket)
+            await self._start_beside_siblings(session, run, kernel)
             session.kernels[language] = kernel
             session.failed = self.last_start_failure = None
         except Exception as exc:
@@ -361,7 +457,116 @@ class SessionManager:
             raise
         finally:
             session.starting = False
+            if not session.kernels:
+                await self._close_run(session)
             self._save(session)
+
+    def _new_kernel(
+        self, session: Session, language: str, run: SessionRun, socket: Path | None
+    ) -> SandboxedKernel:
+        extras = run.extras(self.runtime.sandbox_python)
+        policy = default_policy(
+            self.runtime,
+            session.paths,
+            self.identity_dir,
+            tmp_size_bytes=session.limits.tmp_bytes,
+            home_size_bytes=self.settings.home_size_bytes,
+            egress_socket=socket,
+            forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
+            extra_binds=extras.binds,
+        )
+        launcher = [*extras.launcher]
+        if socket is not None:
+            launcher += egress_launcher(self.runtime)
+        return SandboxedKernel(
+            language,
+            policy,
+            bwrap=self.bwrap,
+            python=self.runtime.sandbox_python,
+            run_root=self.settings.run_root,
+            launcher=launcher or None,
+            box=run.box,
+        )
+
+    async def _start_beside_siblings(
+        self, session: Session, run: SessionRun, kernel: SandboxedKernel
+    ) -> None:
+        """Start `kernel`; with protected mounts, the session's other kernels stay frozen
+        (and the protected paths are checked again) until its sandbox is set up."""
+        guard = run.protects and bool(session.kernels)
+        if guard:
+            await asyncio.to_thread(run.box.freeze)
+        try:
+            if guard:
+                await asyncio.to_thread(run.verify_mounts)
+            await kernel.start(self.settings.kernel_start_timeout_s)
+        finally:
+            if guard:
+                await asyncio.to_thread(run.box.thaw)
+
+    async def _open_run(self, session: Session) -> SessionRun:
+        """The session's run, opened with its first kernel: limit box, bridge, mounts."""
+        if session.run is not None:
+            return session.run
+        box = make_box(self.mechanism, session.record.id, session.limits)
+        await asyncio.to_thread(box.create)
+        run = SessionRun(box, asyncio.create_task(box.watch(), name="corral-limit-watchdog"))
+        try:
+            if session.options.get("bridge"):
+                hook = functools.partial(self._bridge_used, session.record.id)
+                run.bridge, run.bridge_dir = await open_bridge(self.settings.run_root, hook)
+            run.mounts = await asyncio.to_thread(self._prepare_mounts, session)
+        except BaseException:
+            await run.close()
+            raise
+        session.run = run
+        return run
+
+    def _prepare_mounts(self, session: Session) -> list[PreparedMount]:
+        names = session.options.get("mounts", [])
+        missing = [name for name in names if name not in self.mounts]
+        if missing:
+            raise InvalidInput(
+                f"session {session.record.id!r} uses mount {missing[0]!r}, which the operator "
+                "no longer configures"
+            )
+        return prepare_mounts(
+            [self.mounts[name] for name in names],
+            session.paths.workspace,
+            self.settings.sessions_dir / session.record.id / "protected",
+            self.protected_extra,
+            functools.partial(self._rw_holder, session.record.id),
+        )
+
+    def _rw_holder(self, session_id: str, path: Path) -> str | None:
+        """Another running session holding a folder overlapping `path` read-write."""
+        for other in self.sessions.values():
+            if other.record.id == session_id or other.run is None:
+                continue
+            for mount in other.run.mounts:
+                if mount.spec.writable and overlapping(mount.spec.path, path):
+                    return other.record.id
+        return None
+
+    async def _close_run(self, session: Session) -> None:
+        run, session.run = session.run, None
+        if run is None:
+            return
+        changed = await run.close()
+        if changed:
+            log.warning(
+                "session %s changed or created protected files: %s",
+                session.record.id,
+                ", ".join(changed),
+            )
+            self._emit("protected", session.record.id, "changed", {"names": changed})
+
+    def _bridge_used(self, session_id: str, service: str, outcome: str) -> None:
+        self._emit("bridge", session_id, outcome, {"service": service})
+
+    def _emit(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, session_id, action, detail)
 
     def _check_capacity(self) -> None:
         running = sum(1 for session in self.sessions.values() if session.running)
@@ -372,6 +577,10 @@ class SessionManager:
         kernel = session.kernels.pop(language, None)
         if kernel is not None:
             await kernel.stop()
+            if session.box is not None and kernel.pid is not None:
+                session.box.forget(kernel.pid)
+        if not session.kernels and not session.starting:
+            await self._close_run(session)
 
     async def _stop_kernels(self, session: Session) -> None:
         for language in list(session.kernels):
@@ -381,11 +590,10 @@ class SessionManager:
 
     async def reap_idle(self) -> list[str]:
         """Stop the kernels of sessions unused for longer than the idle timeout."""
-        cutoff = now() - self.settings.idle_timeout_s
         stopped = []
         for session in list(self.sessions.values()):
             idle = session.kernels and not session.lock.locked() and not session.starting
-            if idle and session.record.last_used_at < cutoff:
+            if idle and session.record.last_used_at < now() - session.limits.idle_timeout_s:
                 await self._stop_kernels(session)
                 self._save(session)
                 stopped.append(session.record.id)
@@ -416,12 +624,17 @@ class SessionManager:
     def _register(self, session_id: str) -> Session:
         created = now()
         record = SessionRecord(session_id, created, created, "stopped")
-        paths = self._paths(session_id)
-        paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        session = Session(record, paths)
+        session = self._session(record, {})
+        session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.sessions[session_id] = session
         self.store.put(record)
         return session
+
+    def _session(self, record: SessionRecord, options: dict[str, Any]) -> Session:
+        limits = self.settings.default_limits()
+        with contextlib.suppress(InvalidInput):  # a stored value no longer valid: defaults
+            limits = limits.changed(options.get("limits", {}))
+        return Session(record, self._paths(record.id), limits, options)
 
     def _paths(self, session_id: str) -> SessionPaths:
         root = self.settings.sessions_dir / session_id
@@ -434,6 +647,36 @@ class SessionManager:
     def _save(self, session: Session) -> None:
         session.record.state = session.state
         self.store.put(session.record)
+
+
+def _counters(session: Session) -> Counters:
+    return session.box.counters() if session.box is not None else Counters()
+
+
+def _attribute_limit(
+    result: ExecutionResult, before: Counters, after: Counters, limits: Limits
+) -> None:
+    """Name the limit that stopped the code: an OOM kill, a refused fork, MemoryError."""
+    hit: Limit | None = None
+    if after.oom_kills > before.oom_kills:
+        hit = "memory"
+    elif after.task_refusals > before.task_refusals:
+        hit = "tasks"
+    elif result.error is not None and result.error.ename == "MemoryError":
+        hit = "memory"
+    elif result.limit == "disk" or _disk_full(result):
+        hit = "disk"
+    if hit is None:
+        return
+    result.limit = hit
+    note = describe_hit(hit, limits)
+    result.message = f"{note}; {result.message}" if result.message else note
+
+
+def _disk_full(result: ExecutionResult) -> bool:
+    """The code failed on a full filesystem (ENOSPC) or a file past the size limit (EFBIG)."""
+    text = result.error.evalue if result.error is not None else ""
+    return any(f"[Errno {code}]" in text for code in (errno.ENOSPC, errno.EFBIG))
 
 
 def _current_task() -> asyncio.Task[Any]:

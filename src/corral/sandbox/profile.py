@@ -63,12 +63,16 @@ def default_policy(
     tmp_size_bytes: int,
     home_size_bytes: int,
     egress_socket: Path | None = None,
+    forward_env: tuple[tuple[str, str], ...] = (),
+    extra_binds: tuple[Bind, ...] = (),
     host_root: Path = Path("/"),
 ) -> SandboxPolicy:
     """The policy for one session's kernels. Reads only which host paths exist.
 
     With `egress_socket`, the forwarder and that socket are shown inside and the proxy
     variables point at the forwarder; without it the sandbox has no way out at all.
+    `forward_env` holds the host variables the operator chose to pass in (validated names);
+    `extra_binds` come last (project mounts and their protected copies, the agent bridge).
     """
     system, links = _system_mounts(host_root)
     system += _identity_binds(identity_dir)
@@ -87,8 +91,9 @@ def default_policy(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
             *_egress_binds(egress_socket),
+            *extra_binds,
         ),
-        env=sandbox_env(runtime) + (PROXY_ENV if egress_socket is not None else ()),
+        env=forward_env + sandbox_env(runtime) + (PROXY_ENV if egress_socket is not None else ()),
     )
 
 
@@ -153,6 +158,11 @@ def sandbox_env(runtime: PythonRuntime) -> tuple[tuple[str, str], ...]:
     relocated = runtime.base_prefix != Path("/usr")
     library_path = (("LD_LIBRARY_PATH", f"{SANDBOX_PYTHON_PREFIX}/lib"),) if relocated else ()
     return (*library_path, *BASE_ENV)
+
+
+def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The operator's chosen host variables that are set, as (name, value) pairs."""
+    return tuple((name, environ[name]) for name in names if name in environ)
 
 
 def _system_mounts(host_root: Path) -> tuple[tuple[Bind, ...], tuple[Symlink, ...]]:

@@ -68,7 +68,11 @@ TOOLS: tuple[tuple[str, str], ...] = (
         "Run a bash command in the session's sandbox (same /workspace "
         "and installed packages as the Python kernel).",
     ),
-    ("start_python_session", "Start a new session (optionally with a chosen id) and return it."),
+    (
+        "start_python_session",
+        "Start a new session (optionally with a chosen id, and with some of the operator's "
+        "project mounts by name, shown at /workspace/NAME) and return it.",
+    ),
     ("list_python_sessions", "List the sessions and their state."),
     ("stop_python_session", "Stop a session's kernels; its files and packages are kept."),
     ("list_files", "List files in the session's /workspace."),
@@ -115,8 +119,10 @@ class _Tools:
             raise
         return execution_content(result)
 
-    async def start_python_session(self, session_id: str | None = None) -> SessionView:
-        info = await _tool_call(self.service.create_session(session_id))
+    async def start_python_session(
+        self, session_id: str | None = None, mounts: list[str] | None = None
+    ) -> SessionView:
+        info = await _tool_call(self.service.create_session(session_id, mounts=mounts or ()))
         return SessionView(**session_view(info))
 
     async def list_python_sessions(self) -> SessionViews:

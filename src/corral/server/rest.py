@@ -20,9 +20,11 @@ from corral.errors import InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.server.auth import role_of
 from corral.server.schemas import (
+    BridgeRequest,
     CreateSessionRequest,
     ExecuteAnyRequest,
     ExecuteRequest,
+    LimitsChange,
     NetworkAccessRequest,
     NetworkHostsRequest,
     NetworkPolicyRequest,
@@ -55,7 +57,9 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
 
 async def create_session(request: Request) -> Response:
     body = await parse_body(request, CreateSessionRequest)
-    info = await service_of(request).create_session(body.id, actor=role_of(request.scope).value)
+    info = await service_of(request).create_session(
+        body.id, actor=role_of(request.scope).value, mounts=body.mounts
+    )
     return JSONResponse(info.to_dict(), status_code=201)
 
 
@@ -239,6 +243,23 @@ async def admin_stop_session(request: Request) -> Response:
     return JSONResponse(info.to_dict())
 
 
+async def admin_get_limits(request: Request) -> Response:
+    return JSONResponse(service_of(request).session_limits(request.path_params["id"]))
+
+
+async def admin_set_limits(request: Request) -> Response:
+    body = await parse_body(request, LimitsChange)
+    changes = body.model_dump(exclude_none=True)
+    if not changes:
+        raise InvalidInput("name at least one limit to change")
+    return JSONResponse(service_of(request).set_session_limits(request.path_params["id"], changes))
+
+
+async def admin_set_bridge(request: Request) -> Response:
+    body = await parse_body(request, BridgeRequest)
+    return JSONResponse(service_of(request).set_bridge(request.path_params["id"], body.ssh_agent))
+
+
 # -- network ---------------------------------------------------------------------------------
 
 
@@ -327,6 +348,9 @@ ROUTES = [
     Route("/v1/sessions/{id}/files/content", upload_file, methods=["PUT"]),
     Route("/v1/admin/audit", admin_audit, methods=["GET"]),
     Route("/v1/admin/sessions/{id}/stop", admin_stop_session, methods=["POST"]),
+    Route("/v1/admin/sessions/{id}/limits", admin_get_limits, methods=["GET"]),
+    Route("/v1/admin/sessions/{id}/limits", admin_set_limits, methods=["PATCH"]),
+    Route("/v1/admin/sessions/{id}/bridge", admin_set_bridge, methods=["PUT"]),
     Route("/v1/sessions/{id}/network/requests", request_network, methods=["POST"]),
     Route("/v1/admin/sessions/{id}/network", admin_get_network, methods=["GET"]),
     Route("/v1/admin/sessions/{id}/network", admin_set_network, methods=["PUT"]),

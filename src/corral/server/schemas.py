@@ -32,6 +32,11 @@ class ExecuteAnyRequest(ExecuteRequest):
 
 class CreateSessionRequest(Strict):
     id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    mounts: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Names of the operator's project mounts, shown at /workspace/NAME.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -49,6 +54,7 @@ class SessionModel(BaseModel):
     created_at: float
     last_used_at: float
     kernels: list[str]
+    mounts: list[str] = Field(description="The project mounts of the session.")
 
 
 class SessionList(BaseModel):
@@ -77,6 +83,9 @@ class ExecutionResultModel(BaseModel):
     output_truncated: bool
     output_cut_bytes: int
     kernel_restarted: bool
+    limit: Literal["memory", "tasks", "disk", "time", "output"] | None = Field(
+        description="The session limit that stopped or cut the code, if one did."
+    )
     message: str | None
 
 
@@ -156,6 +165,57 @@ class CompatError(BaseModel):
     """coderunner's error body: a message string."""
 
     error: str
+
+
+class LimitsValues(BaseModel):
+    memory_bytes: int = Field(description="Memory of the whole session, tmpfs included.")
+    cpus: float
+    tasks: int = Field(description="Processes and threads.")
+    workspace_bytes: int = Field(description="The workspace and the package prefix.")
+    tmp_bytes: int = Field(description="The size of /tmp (applies at the next start).")
+    exec_timeout_s: float
+    idle_timeout_s: float
+    output_bytes: int
+
+
+class LimitsChange(Strict):
+    """Only the limits to change; sizes as bytes or strings such as "1G"."""
+
+    memory_bytes: int | str | None = None
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    tasks: int | None = Field(default=None, ge=8)
+    workspace_bytes: int | str | None = None
+    tmp_bytes: int | str | None = None
+    exec_timeout_s: float | None = Field(default=None, gt=0)
+    idle_timeout_s: float | None = Field(default=None, gt=0)
+    output_bytes: int | str | None = None
+
+
+class LimitsUsage(BaseModel):
+    memory_bytes: int
+    tasks: int
+
+
+class SessionLimitsModel(BaseModel):
+    session_id: str
+    limits: LimitsValues
+    mechanism: Literal["cgroup2", "cgroup1", "rlimit"]
+    enforcement: dict[str, str] = Field(description="What enforces each limit on this host.")
+    usage: LimitsUsage | None = Field(description="While the session runs.")
+    workspace_bytes_used: int | None = Field(description="At the last measurement.")
+    changed_now: list[str] | None = None
+    changed_at_next_start: list[str] | None = None
+
+
+class BridgeRequest(Strict):
+    ssh_agent: bool
+
+
+class BridgeModel(BaseModel):
+    session_id: str
+    ssh_agent: bool
+    active: bool = Field(description="A running bridge serves the session now.")
+    restart_needed: bool
 
 
 class NetworkPolicyRequest(Strict):

@@ -1,0 +1,121 @@
+"""What a session holds while any of its kernels runs, beyond the kernels themselves.
+
+A `SessionRun` opens with the session's first kernel and closes with its last: the limit box
+and its watchdog, the agent bridge when the operator enabled it, and the per-session copies
+of protected files in its project mounts. Each kernel's sandbox is started with the binds,
+variables and launcher prefix the run gives (`RunExtras`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corral import bridge_shim
+from corral.bridge import AgentBridge, new_token
+from corral.errors import InvalidInput
+from corral.kernels.projects import PreparedMount
+from corral.sandbox.boxes import LimitBox
+from corral.sandbox.policy import SANDBOX_HOME, Bind
+
+SANDBOX_BRIDGE_DIR = "/run/corral-bridge"
+SANDBOX_SHIM = "/opt/corral/bin/bridge_shim.py"
+SANDBOX_AGENT_SOCK = f"{SANDBOX_HOME}/.ssh-agent.sock"
+SHIM = Path(bridge_shim.__file__).resolve()
+
+BridgeHook = Callable[[str, str], None]  # (service, outcome)
+
+
+@dataclass(frozen=True)
+class RunExtras:
+    """What every kernel sandbox of a running session adds to the default profile."""
+
+    binds: tuple[Bind, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    launcher: tuple[str, ...] = ()
+
+
+@dataclass
+class SessionRun:
+    box: LimitBox
+    watchdog: asyncio.Task[None]
+    bridge: AgentBridge | None = None
+    bridge_dir: Path | None = None
+    mounts: list[PreparedMount] = field(default_factory=list)
+
+    @property
+    def protects(self) -> bool:
+        """True when a read-write project mount has protected copies to keep in place."""
+        return any(mount.plan is not None for mount in self.mounts)
+
+    def verify_mounts(self) -> None:
+        """Before another kernel's sandbox is set up (the others frozen): no protected path
+        may have been swapped for a link since (raises `ProtectionRefused`)."""
+        for mount in self.mounts:
+            mount.verify()
+
+    def extras(self, sandbox_python: str) -> RunExtras:
+        """The binds, variables and launcher prefix of this run's kernels."""
+        binds = [bind for mount in self.mounts for bind in mount.binds()]
+        env: list[tuple[str, str]] = []
+        launcher: list[str] = []
+        if self.bridge_dir is not None:
+            binds += [Bind(self.bridge_dir, SANDBOX_BRIDGE_DIR), Bind(SHIM, SANDBOX_SHIM)]
+            env.append(("SSH_AUTH_SOCK", SANDBOX_AGENT_SOCK))
+            launcher += [sandbox_python, SANDBOX_SHIM, f"{SANDBOX_BRIDGE_DIR}/agent.sock"]
+            launcher += [f"{SANDBOX_BRIDGE_DIR}/token", SANDBOX_AGENT_SOCK, "--"]
+        return RunExtras(tuple(binds), tuple(env), tuple(launcher))
+
+    async def close(self) -> list[str]:
+        """Tear everything down; returns what the closers report (changed protected files)."""
+        self.watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.watchdog
+        if self.bridge is not None:
+            await self.bridge.close()
+        if self.bridge_dir is not None:
+            shutil.rmtree(self.bridge_dir, ignore_errors=True)
+        await asyncio.to_thread(self.box.remove)
+        reports: list[str] = []
+        for mount in self.mounts:
+            reports += await asyncio.to_thread(mount.report)
+        return reports
+
+
+async def open_bridge(run_root: Path, on_use: BridgeHook) -> tuple[AgentBridge, Path]:
+    """Start an SSH agent bridge for one session run, in a fresh directory of `run_root`.
+
+    The directory holds the bridge's socket and the run's token and is shown read-only
+    inside. Raises `InvalidInput` when this server has no SSH agent to relay to.
+    """
+    agent, directory, token = await asyncio.to_thread(_bridge_files, run_root)
+    bridge = AgentBridge(directory / "agent.sock", token, {"ssh-agent": agent}, on_use)
+    try:
+        await bridge.start()
+    except Exception:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return bridge, directory
+
+
+def _bridge_files(run_root: Path) -> tuple[Path, Path, str]:
+    """The server's agent socket, and a new directory holding a new token (mode 0600)."""
+    agent = os.environ.get("SSH_AUTH_SOCK", "")
+    if not agent or not Path(agent).is_socket():
+        raise InvalidInput(
+            "the SSH agent bridge is enabled for this session, but the server has no SSH "
+            "agent: start corral serve with SSH_AUTH_SOCK pointing at a running agent"
+        )
+    directory = run_root / f"b-{secrets.token_hex(6)}"
+    directory.mkdir(mode=0o700, parents=True)
+    token = new_token()
+    fd = os.open(directory / "token", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+    return Path(agent), directory, token
