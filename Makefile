@@ -10,6 +10,7 @@ export UV_PYTHON_DOWNLOADS := never
 .PHONY: serve test check lint typecheck pytest bench lock clean
 
 serve: $(STAMP)
+	scripts/install-system-packages || echo "corral: continuing without the optional system packages" >&2
 	$(VENV)/bin/corral serve
 
 test: $(STAMP) check pytest
@@ -24,7 +25,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
 pytest: $(STAMP)
-	scripts/install-test-packages
+	scripts/install-system-packages
 	$(VENV)/bin/pytest
 
 bench: $(STAMP)

@@ -23,14 +23,19 @@ from rich.table import Table
 
 from corral import __version__
 from corral.audit import KINDS, AuditLog
+from corral.browser.fetch import PageResult
 from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks
 from corral.errors import CorralError, InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.mounts import configured_mounts
+from corral.protect import validate_protected_names
 from corral.sandbox.limits import format_size
 from corral.service import Service
+from corral.skills import PUBLIC_DIR, user_dir
+from corral.skills.archive import unpack_skill_zip
+from corral.skills.catalog import SkillCatalog
 from corral.store import Store
 from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
 
@@ -38,7 +43,8 @@ EXIT_FOR_STATUS = {"ok": 0, "error": 1, "timeout": 3, "interrupted": 4, "died": 
 EXIT_CORRAL_ERROR = 5
 
 out = Console()
-err = Console(stderr=True)
+# Messages are never wrapped: a script greps them, and a break inside an address breaks that.
+err = Console(stderr=True, soft_wrap=True)
 
 
 @click.group()
@@ -98,6 +104,34 @@ def run(
     else:
         _print_result(result)
     sys.exit(EXIT_FOR_STATUS[result.status])
+
+
+@main.command()
+@click.argument("url")
+@click.option("--screenshot", type=click.Path(dir_okay=False, path_type=Path), help="Save a PNG.")
+@click.option("-t", "--timeout", "timeout_s", type=float, default=None, help="Page timeout (s).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole page result as JSON.")
+def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: bool) -> None:
+    """Load URL in a sandboxed browser (browsing policy applies) and print its visible text."""
+    with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
+        settings = replace(_settings(), state_dir=Path(tmp) / "state")
+        page = _call(_fetch_once(settings, url, screenshot is not None, timeout_s))
+    if screenshot is not None and page.screenshot_png is not None:
+        screenshot.write_bytes(page.screenshot_png)
+    if as_json:
+        click.echo(json.dumps(page.to_dict(), indent=2))
+        return
+    click.echo(f"{page.title} <{page.url}>\n")
+    click.echo(page.text)
+    for note in page.notes():
+        err.print(f"[corral] {note}", markup=False, highlight=False)
+
+
+async def _fetch_once(
+    settings: Settings, url: str, screenshot: bool, timeout_s: float | None
+) -> PageResult:
+    async with Service(settings) as service:
+        return await service.fetch_page(url, screenshot=screenshot, timeout_s=timeout_s)
 
 
 async def _run_once(
@@ -224,6 +258,7 @@ def serve(
     try:
         settings.forwarded_names  # noqa: B018 - validates every name before serving
         configured_mounts(settings)
+        validate_protected_names(settings.protected_names)
     except InvalidInput as exc:
         raise click.UsageError(str(exc)) from exc
     if not is_loopback(settings.host):
@@ -375,6 +410,44 @@ def _print_limits(report: dict[str, Any]) -> None:
     usage = report.get("usage")
     if usage:
         click.echo(f"  using {format_size(usage['memory_bytes'])} and {usage['tasks']} tasks")
+
+
+@main.group()
+def skills() -> None:
+    """The skills: the shipped ones and yours (a folder under the config directory)."""
+
+
+@skills.command("path")
+def skills_path() -> None:
+    """Print the folder for your own skills (drop a skill folder or a .zip there)."""
+    folder = user_dir(_settings().config_dir)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    click.echo(folder)
+
+
+@skills.command("list")
+def skills_list() -> None:
+    """List every skill (unpacking .zip files waiting in your folder first)."""
+    click.echo(_catalog().list_text())
+
+
+@skills.command("add")
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def skills_add(archive: Path) -> None:
+    """Unpack a skill .zip into your folder, with the size, count and path checks."""
+    if not archive.name.endswith(".zip"):
+        raise click.UsageError("a skill archive is a .zip file")
+    folder = user_dir(_settings().config_dir)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        added = unpack_skill_zip(archive, folder)
+    except InvalidInput as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"added skill {added.name} ({added})")
+
+
+def _catalog() -> SkillCatalog:
+    return SkillCatalog(PUBLIC_DIR, user_dir(_settings().config_dir))
 
 
 @main.group()

@@ -6,6 +6,7 @@ environment variable (`CORRAL_<NAME>`), which the CLI and tests use.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -47,6 +48,13 @@ class Settings:
     mounts: str = ""  # the operator's project folders: NAME=PATH[:ro|rw], comma-separated
     allow_home_mount: bool = False  # let a mount be the home folder (or contain it)
     protected_files: str = ""  # more file names protected in read-write mounts, comma-separated
+    browser_net: str = "public"  # the browsing policy: public, allowlist or none
+    browser_allow: str = ""  # its allowlist (or extra non-global entries), comma-separated
+    browser_timeout_s: float = 30.0  # per page
+    browser_max_chars: int = 200_000  # visible text returned per page
+    browser_max_concurrent: int = 2  # fetches running at once; more wait their turn
+    browser_memory_bytes: int = 2048 * MIB
+    browser_chromium: str | None = None  # the Chromium to run; default: the system's
     progress_interval_s: float = 5.0
     net_default: str = "none"  # the network mode of new sessions: none, allowlist or public
     net_allow: str = ""  # the allowlist of new sessions, comma-separated
@@ -148,7 +156,7 @@ def _parse(name: str, raw: str, default: object) -> object:
 
 
 def _positive(name: str, raw: str, value: float) -> float:
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise InvalidInput(f"CORRAL_{name.upper()} must be positive, not {raw!r}")
     return value
 

@@ -6,6 +6,7 @@ sandboxes: a probe that only reads sysctls would miss AppArmor or a seccomp-less
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -13,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.browser.fetch import find_chromium
 from corral.config import Settings
 from corral.errors import CorralError, SandboxUnavailable
 from corral.sandbox.boxes import make_box
@@ -62,7 +64,25 @@ def run_checks(settings: Settings) -> list[Check]:
         if userns.ok and checks[1].ok:
             checks.extend(_check_sandbox(bwrap, settings))
     checks += _check_limits(settings)
+    checks.append(_check_browser(settings))
     return checks
+
+
+def _check_browser(settings: Settings) -> Check:
+    """Which Chromium the browser fetch will run, and whether Playwright's driver is here."""
+    chromium = find_chromium(settings.browser_chromium)
+    if chromium is None:
+        return Check(
+            "browser",
+            False,
+            "no Chromium found",
+            "apt install chromium (or CORRAL_BROWSER_CHROMIUM)",
+        )
+    try:
+        version = importlib.metadata.version("playwright")
+    except importlib.metadata.PackageNotFoundError:
+        return Check("browser", False, "Playwright is not installed", "reinstall corral")
+    return Check("browser", True, f"{chromium}, driven by Playwright {version}")
 
 
 def _check_limits(settings: Settings) -> list[Check]:

@@ -2,15 +2,20 @@
 
     CorralError
     ├── InvalidInput            the caller sent something malformed (bad id, bad path, bad value)
-    │   └── PathRefused         a workspace path that escapes (absolute, '..', through a link)
+    │   ├── PathRefused         a workspace path that escapes (absolute, '..', through a link)
+    │   └── ProtectionRefused   (protect) a protected path in a mount is a link or wrong type
     ├── NotFound                a named thing does not exist
     │   ├── SessionNotFound
     │   └── FileNotFoundInWorkspace
     ├── Conflict                the request contradicts current state
-    │   └── SessionExists
+    │   ├── SessionExists
+    │   ├── LimitRefused        (sandbox.boxes) the kernel refused a new limit
+    │   └── MountBusy           (kernels.projects) a folder is in use read-write
     ├── CapacityExceeded        a configured maximum was reached
     │   ├── TooManySessions
     │   └── TooLarge            an upload, file or request body past its cap
+    ├── FetchFailed             a browser fetch reached no page (refused, unreachable, failed)
+    │   └── FetchTimedOut       ... or ran past its time limit
     └── SandboxError            corral itself could not do its job (never the user's code)
         ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
         ├── KernelStartFailed   a kernel did not come up inside its sandbox
@@ -92,3 +97,12 @@ class FileNotFoundInWorkspace(NotFound):
 
 class TooLarge(CapacityExceeded):
     """An upload, a file or a request body is past its size cap."""
+
+
+class FetchFailed(CorralError):
+    """A browser fetch reached no page: refused by the browsing policy, unreachable, or the
+    browser failed. The message says which."""
+
+
+class FetchTimedOut(FetchFailed):
+    """A browser fetch ran past its time limit; the browser was stopped."""

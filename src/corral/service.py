@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from corral.audit import AuditLog
+from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
 from corral.egress.network import Network
 from corral.egress.protocol import Target
@@ -29,6 +30,8 @@ from corral.kernels.sessions import (
     SessionManager,
     validate_language,
 )
+from corral.skills import PUBLIC_DIR, user_dir
+from corral.skills.catalog import SkillCatalog
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class Service:
         )
         self.sessions.egress = self.network
         self.sessions.on_event = self._audit_event
+        self.browser = Browser(settings, self.sessions, self.network)
+        self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
 
     async def __aenter__(self) -> Service:
         self.network.open()
@@ -199,6 +204,42 @@ class Service:
             ),
         )
 
+    # -- skills ------------------------------------------------------------------------------
+
+    async def list_skills(self) -> dict[str, Any]:
+        """Every skill (user archives unpacked first) and the archives set aside."""
+        entries = await asyncio.to_thread(self.skills.list)
+        bad = await asyncio.to_thread(self.skills.set_aside_archives)
+        return {
+            "skills": [entry.to_dict() for entry in entries],
+            "set_aside": [{"name": item.name, "reason": item.reason} for item in bad],
+        }
+
+    async def skill_info(self, name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.skills.info, name)
+
+    async def skill_file(self, name: str, filename: str) -> bytes:
+        return await asyncio.to_thread(self.skills.file, name, filename)
+
+    # coderunner's texts, for the MCP tools ("Error: ..." sentences rather than exceptions).
+
+    async def list_skills_text(self) -> str:
+        return await asyncio.to_thread(self.skills.list_text)
+
+    async def skill_info_text(self, name: str) -> str:
+        return await asyncio.to_thread(self.skills.info_text, name)
+
+    async def skill_file_text(self, name: str, filename: str) -> str:
+        return await asyncio.to_thread(self.skills.file_text, name, filename)
+
+    # -- browser -----------------------------------------------------------------------------
+
+    async def fetch_page(
+        self, url: str, *, screenshot: bool = False, timeout_s: float | None = None
+    ) -> PageResult:
+        """Load a web page in a sandboxed browser under the browsing policy."""
+        return await self.browser.fetch(url, screenshot=screenshot, timeout_s=timeout_s)
+
     # -- limits ------------------------------------------------------------------------------
 
     def session_limits(self, session_id: str) -> dict[str, Any]:
@@ -269,6 +310,7 @@ class Service:
         )
 
     def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
+        self.browser.note_decision(session_id, target, decision)
         self._audit(
             "a network",
             lambda: self.audit.record(

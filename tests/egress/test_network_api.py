@@ -7,11 +7,7 @@ which a sandbox reaches only when its policy lists that exact address.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +17,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.loopback import HOST, serve_directory
-from tests.server.conftest import RunningServer, free_port
+from tests.server.conftest import RunningServer, corral, free_port
 
 HELLO = "hello from the host\n"
 
@@ -363,28 +359,6 @@ async def test_the_mcp_tool_refuses_a_bad_host(server: RunningServer, quiet: str
 
 
 # -- corral net ----------------------------------------------------------------------------
-
-
-def corral(server: RunningServer, *args: str, port: int | None = None) -> tuple[int, str]:
-    """`corral ARGS...` as a subprocess against the server: (exit code, stdout + stderr)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(
-        CORRAL_CONFIG_DIR=str(server.settings.config_dir),
-        CORRAL_HOST="127.0.0.1",
-        CORRAL_PORT=str(port if port is not None else server.settings.port),
-        CORRAL_STATE_DIR=str(server.settings.state_dir),
-        COLUMNS="200",
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "corral", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=Path(__file__).parent,
-    )
-    return done.returncode, done.stdout + done.stderr
 
 
 def test_corral_net_changes_the_policy_of_the_running_server(

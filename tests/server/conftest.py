@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -143,3 +146,25 @@ def variant_server(
     finally:
         stop_server(uv, thread)
         shutil.rmtree(run, ignore_errors=True)
+
+
+def corral(server: RunningServer, *args: str, port: int | None = None) -> tuple[int, str]:
+    """`corral ARGS...` as a subprocess against `server`: (exit code, stdout + stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(
+        CORRAL_CONFIG_DIR=str(server.settings.config_dir),
+        CORRAL_HOST="127.0.0.1",
+        CORRAL_PORT=str(port if port is not None else server.settings.port),
+        CORRAL_STATE_DIR=str(server.settings.state_dir),
+        COLUMNS="200",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=Path(__file__).parent,
+    )
+    return done.returncode, done.stdout + done.stderr

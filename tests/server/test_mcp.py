@@ -37,6 +37,10 @@ TOOLS = {
     "read_file",
     "write_file",
     "request_network_access",
+    "navigate_and_get_all_visible_text",
+    "list_skills",
+    "get_skill_info",
+    "get_skill_file",
 }
 NO_OUTPUT = "[Execution successful with no output]"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

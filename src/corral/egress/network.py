@@ -19,6 +19,8 @@ from corral.errors import InvalidInput, NotFound
 from corral.store import NetRequest, Store
 
 MAX_REQUEST_HOSTS = 20
+# Identities of browser fetches (never a valid session id): they get the browsing policy.
+BROWSER_PREFIX = "@browser-"
 MAX_REASON_CHARS = 2000
 DecisionLog = Callable[[str, Target, Decision], None]
 
@@ -37,6 +39,7 @@ class Network:
         self.settings = settings
         self.store = store
         self.default = make_policy(settings.net_default, _split(settings.net_allow))
+        self.browsing = make_policy(settings.browser_net, _split(settings.browser_allow))
         self.policies: dict[str, Policy] = {}
         self.proxy = EgressProxy(
             self.policy,
@@ -56,6 +59,8 @@ class Network:
         await self.proxy.close_all()
 
     def policy(self, session_id: str) -> Policy:
+        if session_id.startswith(BROWSER_PREFIX):
+            return self.browsing
         return self.policies.get(session_id, self.default)
 
     async def socket_for(self, session_id: str) -> Path:

@@ -17,7 +17,7 @@ import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +41,15 @@ class PreparedMount:
     copies_dir: Path
 
     def binds(self) -> tuple[Bind, ...]:
+        """The project, then each folder that holds a protected path bound onto itself, then
+        the copies. A mount point cannot be renamed or removed from inside, so the sandbox
+        cannot move `.git` (or `.claude`, ...) aside and build its own beside the copies."""
         dest = f"{WORKSPACE}/{self.spec.name}"
         binds = [Bind(self.spec.path, dest, writable=self.spec.writable)]
+        binds += [
+            Bind(self.spec.path / folder, f"{dest}/{folder}", writable=True)
+            for folder in holding_folders(p.rel for p in self.protected)
+        ]
         binds += [Bind(p.source, f"{dest}/{p.rel}", writable=p.writable) for p in self.protected]
         return tuple(binds)
 
@@ -60,6 +67,17 @@ class PreparedMount:
             return changes(self.plan, self.protected, self.spec.path)
         finally:
             shutil.rmtree(self.copies_dir, ignore_errors=True)
+
+
+def holding_folders(rels: Iterable[str]) -> list[str]:
+    """Every folder on the way to the protected paths, shallowest first: '.git/modules/a/config'
+    gives '.git', '.git/modules', '.git/modules/a'."""
+    folders = {
+        "/".join(parts[:depth])
+        for parts in (rel.split("/") for rel in rels)
+        for depth in range(1, len(parts))
+    }
+    return sorted(folders, key=lambda folder: (folder.count("/"), folder))
 
 
 def choose_mounts(names: Sequence[str], configured: dict[str, MountSpec]) -> list[str]:

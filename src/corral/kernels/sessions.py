@@ -47,6 +47,7 @@ from corral.sandbox.profile import (
     default_policy,
     egress_launcher,
     forwarded_env,
+    skill_binds,
     write_identity_files,
 )
 from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
@@ -166,10 +167,13 @@ class SessionManager:
         self.egress = egress
         self.runtime = runtime or current_runtime()
         self.bwrap = find_bwrap(settings.bwrap)
+        defaults = settings.default_limits()
+        defaults.changed(defaults.to_dict())  # the configured limits pass the same checks
         self.mechanism = choose_mechanism(settings.limit_mechanism)
         self.forward_names = settings.forwarded_names
         self.mounts = configured_mounts(settings)
         self.protected_extra = validate_protected_names(settings.protected_names)
+        self.skill_binds = skill_binds(settings)
         # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
         self.on_event: Callable[[str, str, str, dict[str, Any]], None] | None = None
         self.store = Store(settings.db_path)
@@ -303,6 +307,7 @@ class SessionManager:
         result.queued_s = time.monotonic() - queued
         restarted = await self._ensure_kernel(session, language)
         limits = self.limits_for(timeout_s, session)
+        session.disk.begin()
         before = _counters(session)
         try:
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
@@ -392,8 +397,9 @@ class SessionManager:
         """
         session = self._get(session_id)
         new = session.limits.changed(changes)
+        deferred: set[str] = set()
         if session.box is not None:
-            session.box.apply(new)
+            deferred = session.box.apply(new)
         session.limits = new
         overrides = dict(session.options.get("limits", {}))
         overrides.update({name: getattr(new, name) for name in changes})
@@ -401,10 +407,9 @@ class SessionManager:
         self.store.put_options(session.record.id, session.options)
         report = self.get_limits(session_id)
         running = session.box is not None
-        report["changed_now"] = sorted(n for n in changes if running and n in LIVE_LIMITS)
-        report["changed_at_next_start"] = sorted(
-            n for n in changes if not (running and n in LIVE_LIMITS)
-        )
+        live = {n for n in changes if running and n in LIVE_LIMITS and n not in deferred}
+        report["changed_now"] = sorted(live)
+        report["changed_at_next_start"] = sorted(set(changes) - live)
         return report
 
     async def _after_kernel_loss(
@@ -473,7 +478,7 @@ class SessionManager:
             home_size_bytes=self.settings.home_size_bytes,
             egress_socket=socket,
             forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
-            extra_binds=extras.binds,
+            extra_binds=self.skill_binds + extras.binds,
         )
         launcher = [*extras.launcher]
         if socket is not None:
@@ -509,9 +514,9 @@ class SessionManager:
         if session.run is not None:
             return session.run
         box = make_box(self.mechanism, session.record.id, session.limits)
-        await asyncio.to_thread(box.create)
         run = SessionRun(box, asyncio.create_task(box.watch(), name="corral-limit-watchdog"))
         try:
+            await asyncio.to_thread(box.create)
             if session.options.get("bridge"):
                 hook = functools.partial(self._bridge_used, session.record.id)
                 run.bridge, run.bridge_dir = await open_bridge(self.settings.run_root, hook)
@@ -553,6 +558,8 @@ class SessionManager:
         if run is None:
             return
         changed = await run.close()
+        copies = self.settings.sessions_dir / session.record.id / "protected"
+        await asyncio.to_thread(shutil.rmtree, copies, True)
         if changed:
             log.warning(
                 "session %s changed or created protected files: %s",

@@ -71,12 +71,18 @@ class LimitBox:
         self.pids.add(pid)
         set_file_limits(pid, self.limits)
 
-    def apply(self, limits: Limits) -> None:
-        """Change the limits of the running sandboxes; raises `LimitRefused`."""
+    def apply(self, limits: Limits) -> set[str]:
+        """Change the limits of the running sandboxes; raises `LimitRefused`.
+
+        Returns the limits that only a restart applies in full: raising an rlimit of a
+        running process needs CAP_SYS_RESOURCE, which a server in a container may lack.
+        """
         self.limits = limits
+        deferred: set[str] = set()
         for pid in self._tree():
-            with contextlib.suppress(OSError):
-                set_file_limits(pid, limits)
+            if not _set_live(pid, resource.RLIMIT_FSIZE, limits.workspace_bytes):
+                deferred.add("workspace_bytes")
+        return deferred
 
     def forget(self, pid: int) -> None:
         self.pids.discard(pid)
@@ -116,6 +122,17 @@ def set_file_limits(pid: int, limits: Limits) -> None:
     """No file past the workspace limit (one file cannot fill the disk) and no core dumps."""
     resource.prlimit(pid, resource.RLIMIT_FSIZE, (limits.workspace_bytes, limits.workspace_bytes))
     resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
+
+
+def _set_live(pid: int, which: int, value: int) -> bool:
+    """Set one rlimit of a running process; False when it could not be raised (EPERM)."""
+    try:
+        resource.prlimit(pid, which, (value, value))
+    except PermissionError:
+        return False
+    except (OSError, ValueError):
+        pass  # the process is gone
+    return True
 
 
 def _rss(pid: int) -> int:
@@ -164,16 +181,17 @@ class CgroupV1Box(LimitBox):
         super().forget(pid)
         _rmdir_when_empty(self.dirs["freezer"] / f"k{pid}")
 
-    def apply(self, limits: Limits) -> None:
+    def apply(self, limits: Limits) -> set[str]:
         old = self.limits
         self._write_limits(limits, old)
-        super().apply(limits)
+        return super().apply(limits)
 
     def _write_limits(self, limits: Limits, old: Limits | None) -> None:
         memory = self.dirs["memory"]
         pair = [("memory.limit_in_bytes", False), ("memory.memsw.limit_in_bytes", True)]
-        # memsw must stay >= the memory limit: raise it first, lower it last.
-        if old is not None and limits.memory_bytes > old.memory_bytes:
+        # memsw must stay >= the memory limit: raise it first, lower it last. The cgroup may
+        # be left from an earlier run, so its current value decides, not `old`.
+        if limits.memory_bytes > _read_int(memory / "memory.limit_in_bytes"):
             pair.reverse()
         for filename, optional in pair:
             _write_limit(memory / filename, str(limits.memory_bytes), "memory", optional)
@@ -281,9 +299,9 @@ class CgroupV2Box(LimitBox):
         super().forget(pid)
         _rmdir_when_empty(self.dir / f"k{pid}")
 
-    def apply(self, limits: Limits) -> None:
+    def apply(self, limits: Limits) -> set[str]:
         self._write_limits(limits)
-        super().apply(limits)
+        return super().apply(limits)
 
     def _write_limits(self, limits: Limits) -> None:
         _write_limit(self.dir / "memory.max", str(limits.memory_bytes), "memory")
@@ -349,8 +367,9 @@ class RlimitBox(LimitBox):
     """Per-process rlimits, a lower priority, and a watchdog counting each sandbox's tasks.
 
     RLIMIT_NPROC is not used: it counts every process of the user on the whole host, so it
-    cannot bound one session. The watchdog kills a sandbox whose process tree grows past the
-    task limit; a fork bomb may briefly overshoot by what it forks between two looks.
+    cannot bound one session. The watchdog counts the threads of all the session's sandboxes
+    and kills the one holding the most when they pass the task limit; a fork bomb may briefly
+    overshoot by what it forks between two looks.
     """
 
     mechanism = "rlimit"
@@ -365,11 +384,12 @@ class RlimitBox(LimitBox):
         _set_memory_limit(pid, self.limits.memory_bytes)
         os.setpriority(os.PRIO_PROCESS, pid, NICE)
 
-    def apply(self, limits: Limits) -> None:
-        super().apply(limits)
+    def apply(self, limits: Limits) -> set[str]:
+        deferred = super().apply(limits)
         for pid in self._tree():
-            with contextlib.suppress(OSError):
-                _set_memory_limit(pid, limits.memory_bytes)
+            if not _set_live(pid, resource.RLIMIT_DATA, limits.memory_bytes):
+                deferred.add("memory_bytes")
+        return deferred
 
     def counters(self) -> Counters:
         return Counters(0, self.kills)
@@ -389,16 +409,14 @@ class RlimitBox(LimitBox):
             await asyncio.to_thread(self.check_tasks)
 
     def check_tasks(self) -> None:
-        """Kill each sandbox whose process tree is larger than the task limit."""
-        for root in list(self.pids):
-            try:
-                count = 1 + len(psutil.Process(root).children(recursive=True))
-            except psutil.Error:
-                continue
-            if count > self.limits.tasks:
-                self.kills += 1
-                with contextlib.suppress(OSError):
-                    os.kill(root, signal.SIGKILL)
+        """When the session's sandboxes together hold more tasks (threads) than the limit,
+        kill the sandbox holding the most."""
+        counts = {root: _tasks_in_tree(root) for root in list(self.pids)}
+        if not counts or sum(counts.values()) <= self.limits.tasks:
+            return
+        self.kills += 1
+        with contextlib.suppress(OSError):
+            os.kill(max(counts, key=counts.__getitem__), signal.SIGKILL)
 
     def _signal_tree(self, signum: int) -> list[int]:
         signalled: list[int] = []
@@ -411,6 +429,19 @@ class RlimitBox(LimitBox):
                     os.kill(pid, signum)
             signalled += fresh
         return signalled
+
+
+def _tasks_in_tree(root: int) -> int:
+    """The threads of `root` and its descendants (a process counts its threads)."""
+    total = 0
+    try:
+        tree = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            total += process.num_threads()
+    return total
 
 
 def _set_memory_limit(pid: int, memory_bytes: int) -> None:
@@ -434,7 +465,8 @@ def describe_hit(limit: str, limits: Limits) -> str:
     return {
         "memory": f"out of memory: the session's {format_size(limits.memory_bytes)} "
         "memory limit was reached",
-        "tasks": f"the session's limit of {limits.tasks} tasks (processes and threads) was reached",
+        "tasks": f"the session's limit of {limits.tasks} tasks (processes and threads) "
+        "was reached; processes still running keep their places until the session restarts",
         "disk": f"a filesystem of the session is full: the workspace holds at most "
         f"{format_size(limits.workspace_bytes)} (no file may be larger), /tmp "
         f"{format_size(limits.tmp_bytes)}; delete files to make room",

@@ -81,10 +81,16 @@ class DiskWatch:
         usage, previous = self.usage, self._previous
         if usage is None or usage <= self.limit_bytes():
             return None
-        if previous is not None and usage <= previous:
+        if previous is None or usage <= previous:  # the first look sets the baseline
             return None
         self._previous = usage  # reported once per growth
         return "disk"
+
+    def begin(self) -> None:
+        """A new execution: it is judged only by what it writes, so a measurement from
+        before it (even one still running) is no baseline for it."""
+        self._running = None  # a measurement in flight finishes unread
+        self._previous = None
 
     def _collect(self) -> None:
         task = self._running

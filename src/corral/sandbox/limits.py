@@ -8,6 +8,7 @@ get a stronger mechanism. The enforcement itself lives in `corral.sandbox.boxes`
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
@@ -58,7 +59,7 @@ LIVE_LIMITS = frozenset(
     {"memory_bytes", "cpus", "tasks", "workspace_bytes", "exec_timeout_s", "idle_timeout_s"}
     | {"output_bytes"}
 )
-MIN_MEMORY_BYTES = 64 * KIB**2
+MIN_MEMORY_BYTES = 128 * KIB**2  # a kernel needs about 75 MiB resident to start
 MIN_TASKS = 8
 
 
@@ -83,9 +84,12 @@ def _number(name: str, raw: Any) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
         raise InvalidInput(f"limit {name} must be a number, not {raw!r}")
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError as exc:
         raise InvalidInput(f"limit {name} must be a number, not {raw!r}") from exc
+    if not math.isfinite(value):
+        raise InvalidInput(f"limit {name} must be a finite number, not {raw!r}")
+    return value
 
 
 def parse_size(text: str) -> int:

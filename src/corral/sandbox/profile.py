@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from corral.config import Settings
 from corral.egress import forwarder as forwarder_module
 from corral.sandbox.policy import (
     SANDBOX_GID,
@@ -28,6 +29,7 @@ from corral.sandbox.runtime import (
     SANDBOX_RUNTIME_SITE,
     PythonRuntime,
 )
+from corral.skills import PUBLIC_DIR, SANDBOX_SKILLS, user_dir
 
 # /etc entries programs need to link, verify TLS, tell the time and find fonts; nothing that
 # names the host's users, network or services.
@@ -158,6 +160,20 @@ def sandbox_env(runtime: PythonRuntime) -> tuple[tuple[str, str], ...]:
     relocated = runtime.base_prefix != Path("/usr")
     library_path = (("LD_LIBRARY_PATH", f"{SANDBOX_PYTHON_PREFIX}/lib"),) if relocated else ()
     return (*library_path, *BASE_ENV)
+
+
+def skill_binds(settings: Settings) -> tuple[Bind, ...]:
+    """The shipped and the user's skills, read-only at /opt/corral/skills/{public,user}."""
+    user = user_dir(settings.config_dir)
+    if settings.config_dir.is_dir():
+        user.mkdir(mode=0o700, exist_ok=True)
+    if not user.is_dir():  # no config directory yet: an empty folder stands in
+        user = settings.state_dir / "no-user-skills"
+        user.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return (
+        Bind(PUBLIC_DIR, f"{SANDBOX_SKILLS}/public"),
+        Bind(user, f"{SANDBOX_SKILLS}/user"),
+    )
 
 
 def forwarded_env(names: tuple[str, ...], environ: dict[str, str]) -> tuple[tuple[str, str], ...]:

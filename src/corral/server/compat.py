@@ -1,7 +1,8 @@
 """coderunner's REST routes, with its shapes and status codes, so its clients work unchanged.
 
 `POST /execute` answers `{stdout, stderr, execution_time, cpu_time}`; the session routes
-answer `{session_id, status, created_at}` and errors as `{"error": message}`.
+answer `{session_id, status, created_at}` and errors as `{"error": message}`; the browser
+routes answer 200 with `status` "success" or "error", as coderunner does.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral import errors as e
+from corral.browser.fetch import PageResult
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import SessionInfo
 from corral.server.auth import role_of
 from corral.server.errors import status_of
 from corral.server.rest import service_of
-from corral.server.schemas import CompatExecuteRequest
+from corral.server.schemas import CompatBrowserRequest, CompatExecuteRequest
 
 NO_OUTPUT = "[Execution successful with no output]"
 
@@ -140,6 +142,57 @@ async def _call(action: Any) -> Response:
     return response
 
 
+async def browser_navigate(request: Request) -> Response:
+    """coderunner's navigate: `{status, url, title, content}` or `{status: "error", error}`."""
+    page = await _fetch_for_compat(request)
+    if isinstance(page, str):
+        return JSONResponse({"status": "error", "error": page})
+    return JSONResponse(
+        {"status": "success", "url": page.url, "title": page.title, "content": page_text(page)}
+    )
+
+
+async def browser_content(request: Request) -> Response:
+    """coderunner's content: `{status, readable_content: {content}}`, anchors when asked."""
+    page = await _fetch_for_compat(request)
+    if isinstance(page, str):
+        return JSONResponse({"status": "error", "error": page})
+    answer: dict[str, Any] = {"status": "success", "readable_content": {"content": page.text}}
+    options = _browser_body(await request.body())
+    if isinstance(options, CompatBrowserRequest) and options.include_anchors:
+        answer["anchors"] = page.links[: options.max_anchors]
+    return JSONResponse(answer)
+
+
+def page_text(page: PageResult) -> str:
+    """The page's text with corral's notes (cut text, refused connections) after it."""
+    notes = "".join(f"\n[corral] {note}" for note in page.notes())
+    return page.text + notes
+
+
+async def _fetch_for_compat(request: Request) -> PageResult | str:
+    body = _browser_body(await request.body())
+    if isinstance(body, str):
+        return body
+    if not body.url:
+        return "Error: Missing 'url' field in request body"
+    timeout_s = body.wait_timeout / 1000 if body.wait_timeout else None
+    service = service_of(request)
+    if timeout_s is not None:
+        timeout_s = min(timeout_s, service.settings.browser_timeout_s)
+    try:
+        return await service.fetch_page(body.url, timeout_s=timeout_s)
+    except e.CorralError as exc:
+        return f"Error: Failed to retrieve all visible text: {exc}"
+
+
+def _browser_body(raw: bytes) -> CompatBrowserRequest | str:
+    try:
+        return CompatBrowserRequest.model_validate(json.loads(raw or b"{}"))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as exc:
+        return f"Error: Invalid request body: {exc}"
+
+
 def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -149,4 +202,6 @@ ROUTES = [
     Route("/v1/sessions/session", create_session, methods=["POST"]),
     Route("/v1/sessions/session", get_session, methods=["GET"]),
     Route("/v1/sessions/session", delete_session, methods=["DELETE"]),
+    Route("/v1/browser/interactions/navigate", browser_navigate, methods=["POST"]),
+    Route("/v1/browser/interactions/content", browser_content, methods=["POST"]),
 ]

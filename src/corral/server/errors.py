@@ -27,6 +27,8 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.TooLarge, 413, "too_large"),
     (e.TooManySessions, 429, "too_many_sessions"),
     (e.CapacityExceeded, 429, "capacity_exceeded"),
+    (e.FetchTimedOut, 504, "fetch_timed_out"),
+    (e.FetchFailed, 502, "fetch_failed"),
     (e.SandboxUnavailable, 503, "sandbox_unavailable"),
     (e.KernelStartFailed, 503, "kernel_start_failed"),
     (e.SandboxError, 500, "internal_error"),

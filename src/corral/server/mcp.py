@@ -19,10 +19,11 @@ from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import BaseModel
 
 from corral import __version__
+from corral.browser.fetch import PageResult
 from corral.errors import CorralError
 from corral.kernels.results import ExecutionResult
-from corral.server.compat import NO_OUTPUT, error_text, result_text, session_view
-from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing
+from corral.server.compat import NO_OUTPUT, error_text, page_text, result_text, session_view
+from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing, PageModel
 from corral.service import Service
 
 MAX_TEXT_FILE_BYTES = 1_000_000
@@ -79,6 +80,27 @@ TOOLS: tuple[tuple[str, str], ...] = (
     ("read_file", "Read a text file from the session's /workspace."),
     ("write_file", "Write a text file into the session's /workspace (parents are created)."),
     (
+        "list_skills",
+        "List the available skills (folders of instructions and scripts for PDF, Word, Excel, "
+        "PowerPoint, image work and more), public and the user's own.",
+    ),
+    (
+        "get_skill_info",
+        "Read a skill's SKILL.md: what it does and the exact commands to run its scripts in "
+        "the sandbox (skills are at /opt/corral/skills, read-only).",
+    ),
+    (
+        "get_skill_file",
+        "Read another file of a skill (for example a script or EXAMPLES.md) by its path "
+        "inside the skill folder.",
+    ),
+    (
+        "navigate_and_get_all_visible_text",
+        "Load a web page (http or https) in a sandboxed browser and return all its visible "
+        "text. With screenshot=true the page is also returned as an image. Only public "
+        "addresses are reachable unless the operator allows more.",
+    ),
+    (
         "request_network_access",
         "Ask the operator to let this session reach some hosts "
         "(domains, *.domain, host:port, or presets such as pypi). Grants nothing by itself: the "
@@ -118,6 +140,25 @@ class _Tools:
             await self.service.cancel(task)
             raise
         return execution_content(result)
+
+    async def list_skills(self) -> str:
+        return await self.service.list_skills_text()
+
+    async def get_skill_info(self, skill_name: str) -> str:
+        return await self.service.skill_info_text(skill_name)
+
+    async def get_skill_file(self, skill_name: str, filename: str) -> str:
+        return await self.service.skill_file_text(skill_name, filename)
+
+    async def navigate_and_get_all_visible_text(
+        self, url: str, screenshot: bool = False
+    ) -> Annotated[CallToolResult, PageModel]:
+        try:
+            page = await self.service.fetch_page(url, screenshot=screenshot)
+        except CorralError as exc:
+            text = f"Error: Failed to retrieve all visible text: {exc}"
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        return page_content(page)
 
     async def start_python_session(
         self, session_id: str | None = None, mounts: list[str] | None = None
@@ -211,6 +252,16 @@ class NetworkRequestView(BaseModel):
     status: str
     hosts: list[str]
     message: str
+
+
+def page_content(page: PageResult) -> CallToolResult:
+    """The page's text (with corral's notes), its screenshot as an image, the page as data."""
+    blocks: list[ContentBlock] = [TextContent(type="text", text=page_text(page))]
+    if page.screenshot_png is not None:
+        data = base64.b64encode(page.screenshot_png).decode("ascii")
+        blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
+    structured = PageModel.model_validate(page.to_dict()).model_dump(mode="json")
+    return CallToolResult(content=blocks, structured_content=structured)
 
 
 def execution_content(result: ExecutionResult) -> CallToolResult:

@@ -24,6 +24,7 @@ from corral.server.schemas import (
     CreateSessionRequest,
     ExecuteAnyRequest,
     ExecuteRequest,
+    FetchRequest,
     LimitsChange,
     NetworkAccessRequest,
     NetworkHostsRequest,
@@ -260,6 +261,28 @@ async def admin_set_bridge(request: Request) -> Response:
     return JSONResponse(service_of(request).set_bridge(request.path_params["id"], body.ssh_agent))
 
 
+async def list_skills(request: Request) -> Response:
+    return JSONResponse(await service_of(request).list_skills())
+
+
+async def skill_info(request: Request) -> Response:
+    return JSONResponse(await service_of(request).skill_info(request.path_params["name"]))
+
+
+async def skill_file(request: Request) -> Response:
+    params = request.path_params
+    data = await service_of(request).skill_file(params["name"], params["filename"])
+    return Response(data, media_type="application/octet-stream")
+
+
+async def browser_fetch(request: Request) -> Response:
+    body = await parse_body(request, FetchRequest)
+    page = await service_of(request).fetch_page(
+        body.url, screenshot=body.screenshot, timeout_s=body.timeout_s
+    )
+    return JSONResponse(page.to_dict())
+
+
 # -- network ---------------------------------------------------------------------------------
 
 
@@ -346,6 +369,10 @@ ROUTES = [
     Route("/v1/sessions/{id}/files", delete_file, methods=["DELETE"]),
     Route("/v1/sessions/{id}/files/content", download_file, methods=["GET"]),
     Route("/v1/sessions/{id}/files/content", upload_file, methods=["PUT"]),
+    Route("/v1/browser/fetch", browser_fetch, methods=["POST"]),
+    Route("/v1/skills", list_skills, methods=["GET"]),
+    Route("/v1/skills/{name}", skill_info, methods=["GET"]),
+    Route("/v1/skills/{name}/files/{filename:path}", skill_file, methods=["GET"]),
     Route("/v1/admin/audit", admin_audit, methods=["GET"]),
     Route("/v1/admin/sessions/{id}/stop", admin_stop_session, methods=["POST"]),
     Route("/v1/admin/sessions/{id}/limits", admin_get_limits, methods=["GET"]),

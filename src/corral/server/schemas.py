@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
 
 MAX_CODE_CHARS = 1_000_000
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -167,6 +167,84 @@ class CompatError(BaseModel):
     error: str
 
 
+class CompatBrowserRequest(BaseModel):
+    """coderunner's browser routes: a `url`; `session_id` and display options are accepted."""
+
+    model_config = ConfigDict(extra="ignore")
+    url: str | None = Field(default=None, max_length=8192)
+    wait_timeout: int | None = Field(default=None, gt=0, description="Milliseconds.")
+    include_anchors: bool = False
+    max_anchors: int = Field(default=50, ge=0, le=500)
+
+
+class CompatNavigateResponse(BaseModel):
+    status: Literal["success", "error"]
+    url: str | None = None
+    title: str | None = None
+    content: str | None = None
+    error: str | None = None
+
+
+class ReadableContent(BaseModel):
+    content: str
+
+
+class Anchor(BaseModel):
+    href: str
+    text: str
+
+
+class CompatContentResponse(BaseModel):
+    status: Literal["success", "error"]
+    readable_content: ReadableContent | None = None
+    anchors: list[Anchor] | None = None
+    error: str | None = None
+
+
+class FetchRequest(Strict):
+    url: str = Field(max_length=8192, description="An http or https URL.")
+    screenshot: bool = Field(default=False, description="Also return a PNG of the viewport.")
+    timeout_s: float | None = Field(default=None, gt=0, description="At most the server's cap.")
+
+
+class PageModel(BaseModel):
+    requested_url: str
+    url: str = Field(description="The final URL, after redirects.")
+    title: str
+    status: int | None
+    text: str = Field(description="The visible text, cut at the server's cap.")
+    text_chars: int
+    truncated: bool
+    loaded: bool = Field(description="False: the page did not finish loading in time.")
+    links: list[Anchor]
+    refused: list[str] = Field(description="Connections the browsing policy refused.")
+    screenshot_png_base64: str | None
+    elapsed_s: float
+    notes: list[str]
+
+
+class SkillModel(BaseModel):
+    name: str
+    description: str
+    source: Literal["public", "user"]
+    location: str = Field(description="Where the sandbox sees the skill's folder.")
+    problem: str | None = Field(description="Why the skill is not usable, if it is not.")
+
+
+class SetAsideModel(BaseModel):
+    name: str
+    reason: str
+
+
+class SkillList(BaseModel):
+    skills: list[SkillModel]
+    set_aside: list[SetAsideModel] = Field(description="User archives refused, and why.")
+
+
+class SkillInfo(SkillModel):
+    content: str = Field(description="The SKILL.md text.")
+
+
 class LimitsValues(BaseModel):
     memory_bytes: int = Field(description="Memory of the whole session, tmpfs included.")
     cpus: float
@@ -181,14 +259,14 @@ class LimitsValues(BaseModel):
 class LimitsChange(Strict):
     """Only the limits to change; sizes as bytes or strings such as "1G"."""
 
-    memory_bytes: int | str | None = None
-    cpus: float | None = Field(default=None, gt=0, le=1024)
-    tasks: int | None = Field(default=None, ge=8)
-    workspace_bytes: int | str | None = None
-    tmp_bytes: int | str | None = None
-    exec_timeout_s: float | None = Field(default=None, gt=0)
-    idle_timeout_s: float | None = Field(default=None, gt=0)
-    output_bytes: int | str | None = None
+    memory_bytes: StrictInt | StrictStr | None = None
+    cpus: float | None = Field(default=None, gt=0, le=1024, allow_inf_nan=False)
+    tasks: StrictInt | None = Field(default=None, ge=8)
+    workspace_bytes: StrictInt | StrictStr | None = None
+    tmp_bytes: StrictInt | StrictStr | None = None
+    exec_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    output_bytes: StrictInt | StrictStr | None = None
 
 
 class LimitsUsage(BaseModel):
@@ -208,7 +286,7 @@ class SessionLimitsModel(BaseModel):
 
 
 class BridgeRequest(Strict):
-    ssh_agent: bool
+    ssh_agent: StrictBool
 
 
 class BridgeModel(BaseModel):

@@ -1,0 +1,1 @@
+"""Browser fetch: Chromium driven by Playwright inside a sandbox, through the egress proxy."""

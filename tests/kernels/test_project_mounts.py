@@ -1,0 +1,624 @@
+"""Project mounts in real sandboxes: real git repositories on the host, real kernels inside.
+
+Each test builds its own project in tmp_path (a git repository with a submodule and the files
+the host trusts), configures it as the operator would (`mounts`, `protected_files`), and
+checks from inside the sandbox and then on the host what a session can and cannot change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from corral.config import Settings
+from corral.errors import InvalidInput
+from corral.kernels.projects import MountBusy
+from corral.mounts import configured_mounts
+from corral.protect import DEFAULT_PROTECTED, ProtectionRefused
+from corral.service import Service
+from tests.server.conftest import free_port
+
+EXEC_S = 30.0
+EXTRA = "notes/trusted.txt"  # an operator's extra protected name (`--protect`)
+P = "/workspace/proj"
+
+Git = Callable[..., str]
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    """tmp_path by its real name: a mount must be named without links."""
+    return tmp_path.resolve()
+
+
+@pytest.fixture
+def git(base: Path) -> Git:
+    """`git(cwd, *args)` -> stdout: the real git, with no configuration but the test's."""
+    home = base / "git-home"
+    home.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+
+    def run(cwd: Path, *args: str) -> str:
+        done = subprocess.run(
+            ["git", "-c", "init.defaultBranch=main", "-c", "protocol.file.allow=always", *args],
+            cwd=cwd,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return done.stdout
+
+    return run
+
+
+@pytest.fixture
+def repo(base: Path, git: Git) -> Path:
+    """A project: a repository with a file, a submodule 'lib', and the trusted files."""
+    lib = base / "lib-origin"
+    lib.mkdir()
+    git(lib, "init", "-q")
+    (lib / "lib.txt").write_text("lib\n")
+    git(lib, "add", ".")
+    git(lib, "commit", "-qm", "lib")
+    proj = base / "proj"
+    proj.mkdir()
+    git(proj, "init", "-q")
+    (proj / "src").mkdir()
+    (proj / "src" / "main.py").write_text("print('hi')\n")
+    git(proj, "add", ".")
+    git(proj, "commit", "-qm", "start")
+    git(proj, "submodule", "add", "-q", str(lib), "lib")
+    git(proj, "commit", "-qm", "add lib")
+    for rel in (*DEFAULT_PROTECTED, EXTRA):
+        if rel != ".envrc":  # left missing: a new one is created by the sandbox
+            (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+            (proj / rel).write_text(f"host {rel}\n")
+    return proj
+
+
+@pytest.fixture
+def fake_ssh(base: Path) -> Path:
+    """A host secret, like ~/.ssh/id_ed25519, that no sandbox may ever read."""
+    path = base / "home" / ".ssh" / "id_ed25519"
+    path.parent.mkdir(parents=True)
+    path.write_text("FAKE-PRIVATE-KEY-c0ffee\n")
+    return path
+
+
+def with_mounts(settings: Settings, mounts: str, **changes: object) -> Settings:
+    return replace(settings, mounts=mounts, protected_files=EXTRA, **changes)  # type: ignore[arg-type]
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root` (links by target, files by bytes), to compare host trees."""
+    seen: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[rel] = f"link -> {os.readlink(path)}"
+        elif path.is_file():
+            seen[rel] = path.read_bytes()
+        else:
+            seen[rel] = "dir"
+    return seen
+
+
+async def run(service: Service, sid: str, code: str, language: str = "python") -> str:
+    """Run `code` (Python with `os` imported, or bash); its stdout, once it succeeded."""
+    if language == "python":
+        code = f"import os\n{code}"
+    result = await service.execute(code, session_id=sid, language=language, timeout_s=EXEC_S)
+    assert result.status == "ok", result.text()
+    return result.stdout
+
+
+async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str, str]:
+    """Run each Python expression in the sandbox: "ok", or the errno name it failed with."""
+    calls = ", ".join(f"{label!r}: _try(lambda: {expr})" for label, expr in ops.items())
+    code = (
+        "import errno, json, os\n"
+        "def _try(f):\n"
+        "    try:\n"
+        "        f()\n"
+        "        return 'ok'\n"
+        "    except OSError as e:\n"
+        "        return errno.errorcode[e.errno]\n"
+        f"print(json.dumps({{{calls}}}))\n"
+    )
+    result: dict[str, str] = json.loads(await run(service, sid, code))
+    return result
+
+
+def reported(service: Service, sid: str) -> list[list[str]]:
+    """The name lists of the session's "protected" audit entries, oldest first."""
+    entries = service.audit_page(kind="protected", session=sid)["entries"]
+    return [entry["detail"]["names"] for entry in reversed(entries)]
+
+
+def copies_left(settings: Settings, sid: str) -> list[Path]:
+    return list((settings.sessions_dir / sid / "protected").rglob("*"))
+
+
+# -- read-only and read-write ------------------------------------------------------------------
+
+
+async def test_a_read_only_mount_is_visible_and_refuses_writes(
+    settings: Settings, repo: Path
+) -> None:
+    before = snapshot(repo)
+    async with Service(with_mounts(settings, f"proj={repo}:ro")) as service:
+        await service.create_session("ro", mounts=["proj"])
+        seen = await run(service, "ro", f"print(open('{P}/src/main.py').read(), end='')")
+        assert seen == "print('hi')\n"
+        refused = await outcomes(
+            service,
+            "ro",
+            {
+                "write": f"open('{P}/src/main.py', 'a')",
+                "create": f"open('{P}/new.txt', 'w')",
+                "mkdir": f"os.mkdir('{P}/d')",
+                "unlink": f"os.unlink('{P}/src/main.py')",
+                "git config": f"open('{P}/.git/config', 'a')",
+            },
+        )
+        assert set(refused.values()) == {"EROFS"}, refused
+        assert service.get_session("ro").mounts == ("proj",)
+    assert snapshot(repo) == before
+
+
+async def test_files_written_in_a_read_write_mount_reach_the_host(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("rw", mounts=["proj"])
+        await run(
+            service,
+            "rw",
+            f"open('{P}/src/main.py', 'w').write('changed\\n')\n"
+            f"os.makedirs('{P}/out/deep')\n"
+            f"open('{P}/out/deep/result.txt', 'w').write('made inside\\n')",
+        )
+        assert (repo / "src" / "main.py").read_text() == "changed\n"
+        assert (repo / "out" / "deep" / "result.txt").read_text() == "made inside\n"
+        await service.stop_session("rw")
+        assert reported(service, "rw") == []  # ordinary files are not protected files
+
+
+# -- git --------------------------------------------------------------------------------------
+
+
+async def test_git_configs_and_git_files_are_read_only_and_cannot_be_moved(
+    settings: Settings, repo: Path
+) -> None:
+    configs = [".git/config", ".git/modules/lib/config", "lib/.git"]
+    before = {rel: (repo / rel).read_bytes() for rel in configs}
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("git", mounts=["proj"])
+        ops: dict[str, str] = {}
+        for rel in configs:
+            ops[f"append {rel}"] = f"open('{P}/{rel}', 'a').write('[core]\\n')"
+            ops[f"truncate {rel}"] = f"os.truncate('{P}/{rel}', 0)"
+            ops[f"rename {rel}"] = f"os.rename('{P}/{rel}', '{P}/moved')"
+            ops[f"unlink {rel}"] = f"os.unlink('{P}/{rel}')"
+        got = await outcomes(service, "git", ops)
+        for rel in configs:
+            assert got[f"append {rel}"] == "EROFS", got
+            assert got[f"truncate {rel}"] == "EROFS", got
+            # EBUSY: a mount point; EXDEV once its folder is a mount of its own too.
+            assert got[f"rename {rel}"] in ("EBUSY", "EXDEV"), got
+            assert got[f"unlink {rel}"] == "EBUSY", got
+    assert {rel: (repo / rel).read_bytes() for rel in configs} == before
+    assert not (repo / "moved").exists()
+
+
+async def test_hooks_are_a_throw_away_copy_and_git_still_commits_inside(
+    settings: Settings, repo: Path, git: Git
+) -> None:
+    config = (repo / ".git" / "config").read_bytes()
+    hooks = snapshot(repo / ".git" / "hooks")
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("hooks", mounts=["proj"])
+        hook = f"{P}/.git/hooks/pre-commit"
+        await run(
+            service,
+            "hooks",
+            f"open('{hook}', 'w').write('#!/bin/sh\\necho ran > {P}/hook-ran\\n')\n"
+            f"os.chmod('{hook}', 0o755)",
+        )
+        assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+        out = await run(
+            service,
+            "hooks",
+            f"cd {P} && echo inside > inside.txt && git add inside.txt && "
+            "git -c user.email=a@b -c user.name=a commit -qm 'made inside' && echo committed",
+            language="bash",
+        )
+        assert out.strip().endswith("committed"), out
+        await service.stop_session("hooks")
+        assert reported(service, "hooks") == [["proj/.git/hooks/pre-commit"]]
+    assert git(repo, "log", "-1", "--format=%s").strip() == "made inside"
+    assert git(repo, "show", "HEAD:inside.txt") == "inside\n"
+    assert (repo / "hook-ran").read_text() == "ran\n"  # inside, from the copy
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert snapshot(repo / ".git" / "hooks") == hooks
+
+
+async def test_a_new_repository_made_inside_is_reported_at_stop(
+    settings: Settings, repo: Path
+) -> None:
+    """A repository the sandbox creates in a subfolder is its own (nothing of the host to
+    protect), but the host would trust its config later: the report must name it."""
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("moved", mounts=["proj"])
+        await run(
+            service,
+            "moved",
+            f"os.makedirs('{P}/sub/.git')\n"
+            f"open('{P}/sub/.git/config', 'w').write('[core]\\n\\tfsmonitor = touch /tmp/x\\n')",
+        )
+        await service.stop_session("moved")
+        [names] = reported(service, "moved")
+    assert {"proj/sub/.git", "proj/sub/.git/config"} <= set(names)
+
+
+async def test_directories_holding_protected_files_cannot_be_moved_aside(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("aside", mounts=["proj"])
+        dirs = [".git/modules/lib", "lib", ".claude", ".git"]
+        got = await outcomes(
+            service,
+            "aside",
+            {rel: f"os.rename('{P}/{rel}', '{P}/aside-{i}')" for i, rel in enumerate(dirs)},
+        )
+    # Each folder is a mount point (EBUSY); a rename into another mount fails first (EXDEV).
+    assert set(got) == set(dirs) and set(got.values()) <= {"EBUSY", "EXDEV"}, got
+
+
+# -- protected names --------------------------------------------------------------------------
+
+
+async def test_protected_names_are_copies_and_the_report_lists_exactly_the_changes(
+    settings: Settings, repo: Path
+) -> None:
+    secret = "CONTENT-MUST-NOT-BE-AUDITED"
+    existing = [rel for rel in (*DEFAULT_PROTECTED, EXTRA) if rel != ".envrc"]
+    changed = [".claude/settings.json", ".mcp.json", EXTRA]
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("names", mounts=["proj"])
+        writes = "\n".join(
+            f"open('{P}/{rel}', 'w').write({secret!r})" for rel in [*changed, ".envrc"]
+        )
+        await run(service, "names", writes)
+        inside = await run(
+            service, "names", f"print(open('{P}/.claude/settings.json').read(), end='')"
+        )
+        assert inside == secret
+        for rel in existing:
+            assert (repo / rel).read_text() == f"host {rel}\n", rel
+        await service.stop_session("names")
+        [names] = reported(service, "names")
+        audit = json.dumps(service.audit_page(kind="protected")["entries"])
+    assert names == sorted(f"proj/{rel}" for rel in [*changed, ".envrc"])
+    assert secret not in audit
+    assert (repo / ".envrc").read_text() == secret  # not protected while missing: reported
+
+
+async def test_odd_names_are_escaped_in_the_report(settings: Settings, repo: Path) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("odd", mounts=["proj"])
+        await run(service, "odd", f"os.makedirs('{P}/odd\\nname\\x1b[31m/.git')")
+        await service.stop_session("odd")
+        [names] = reported(service, "odd")
+    assert names == ["proj/odd\\x0aname\\x1b[31m/.git"]
+
+
+# -- links --------------------------------------------------------------------------------------
+
+
+async def test_links_cannot_replace_protected_paths_inside(
+    settings: Settings, repo: Path, fake_ssh: Path
+) -> None:
+    before = snapshot(repo / ".git")
+    settings_json = (repo / ".claude" / "settings.json").read_bytes()
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("links", mounts=["proj"])
+        link = f"{P}/evil"
+        await run(service, "links", f"os.symlink({str(fake_ssh)!r}, '{link}')")
+        got = await outcomes(
+            service,
+            "links",
+            {
+                "config": f"os.replace('{link}', '{P}/.git/config')",
+                "settings": f"os.replace('{link}', '{P}/.claude/settings.json')",
+                "module config": f"os.replace('{link}', '{P}/.git/modules/lib/config')",
+                "git file": f"os.replace('{link}', '{P}/lib/.git')",
+                "hooks": f"os.replace('{link}', '{P}/.git/hooks')",
+                "hooks rmdir": f"os.rmdir('{P}/.git/hooks')",
+                "hooks rename": f"os.rename('{P}/.git/hooks', '{P}/hooks-old')",
+            },
+        )
+        # A mount point cannot be replaced (EBUSY), nor renamed across mounts (EXDEV; the
+        # folders holding protected paths are mounts too); a link is not a directory (EISDIR).
+        assert set(got) == {
+            "config",
+            "settings",
+            "module config",
+            "git file",
+            "hooks",
+            "hooks rmdir",
+            "hooks rename",
+        }, got
+        assert set(got.values()) <= {"EBUSY", "EXDEV", "EISDIR"}, got
+        await run(service, "links", f"os.unlink('{link}')")
+    assert snapshot(repo / ".git") == before
+    assert (repo / ".claude" / "settings.json").read_bytes() == settings_json
+
+
+@pytest.mark.parametrize("rel", [".git/config", ".claude/settings.json", ".git/hooks", "lib/.git"])
+async def test_a_link_planted_on_the_host_between_sessions_refuses_the_next_start(
+    settings: Settings, repo: Path, fake_ssh: Path, rel: str
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("planted", mounts=["proj"])
+        await service.stop_session("planted")
+        target = fake_ssh.parent if rel.endswith("hooks") else fake_ssh
+        victim = repo / rel
+        if victim.is_dir():
+            victim.rename(repo / "aside")
+        else:
+            victim.unlink()
+        victim.symlink_to(target)
+        with pytest.raises(ProtectionRefused) as refused:
+            await service.execute(f"open('{P}/{rel}').read()", session_id="planted")
+        message = str(refused.value)
+        assert message.startswith(f"refusing to mount 'proj': {rel} is a symbolic link"), message
+        assert "review it on the host" in message
+        session = service.sessions.sessions["planted"]
+        assert session.kernels == {} and session.run is None
+        assert service.get_session("planted").state == "failed"
+        assert copies_left(settings, "planted") == []
+    assert fake_ssh.read_text() == "FAKE-PRIVATE-KEY-c0ffee\n"
+
+
+# -- choosing mounts -----------------------------------------------------------------------------
+
+
+async def test_an_unknown_mount_is_refused_naming_the_configured_ones(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw,src={repo}/src")) as service:
+        with pytest.raises(InvalidInput, match=r"unknown mount 'nope': .* are proj, src$"):
+            await service.create_session("unknown", mounts=["nope"])
+        assert service.list_sessions() == []
+
+
+async def test_two_overlapping_mounts_in_one_session_are_refused(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw,src={repo}/src:ro")) as service:
+        with pytest.raises(InvalidInput, match="mounts 'src' and 'proj' overlap"):
+            await service.create_session("both", mounts=["proj", "src"])
+        assert service.list_sessions() == []
+
+
+async def test_a_busy_read_write_mount_waits_until_its_session_stops(
+    settings: Settings, repo: Path
+) -> None:
+    mounts = f"proj={repo}:rw,src={repo}/src:rw"
+    async with Service(with_mounts(settings, mounts)) as service:
+        await service.create_session("first", mounts=["proj"])
+        for sid, name in (("second", "proj"), ("inner", "src")):
+            with pytest.raises(MountBusy, match=f"'{name}' .* by session 'first'"):
+                await service.create_session(sid, mounts=[name])
+            assert service.get_session(sid).kernels == ()
+        await service.stop_session("first")
+        seen = await run(service, "second", f"print(os.listdir('{P}/src'))")
+        assert seen.strip() == "['main.py']"
+        with pytest.raises(MountBusy, match="by session 'second'"):
+            await service.start_session("first")
+
+
+# -- the operator's mount paths --------------------------------------------------------------
+
+
+def refusal_for(settings: Settings, path: Path) -> str:
+    with pytest.raises(InvalidInput) as refused:
+        configured_mounts(replace(settings, mounts=f"x={path}:rw"))
+    with pytest.raises(InvalidInput):
+        Service(replace(settings, mounts=f"x={path}:rw"))
+    return str(refused.value)
+
+
+def test_a_mount_path_through_a_link_is_refused(settings: Settings, base: Path) -> None:
+    (base / "real").mkdir()
+    (base / "link").symlink_to(base / "real")
+    message = refusal_for(settings, base / "link")
+    assert f"goes through a symbolic link ({base}/link -> {base}/real)" in message
+    assert message.endswith(f"name the real path {base}/real")
+
+
+def test_the_home_folder_is_refused_unless_allowed(
+    settings: Settings, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = base / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert "is the home directory or contains it" in refusal_for(settings, home)
+    allowed = configured_mounts(replace(settings, mounts=f"x={home}:rw", allow_home_mount=True))
+    assert allowed["x"].path == home
+
+
+def test_corral_own_directories_are_refused(settings: Settings) -> None:
+    settings.state_dir.mkdir(parents=True)
+    assert "corral's own directory" in refusal_for(settings, settings.state_dir)
+    assert "corral's own directory" in refusal_for(settings, settings.run_root)
+
+
+def serve(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    """`corral serve ARGS` in fresh directories; a refusal must come before it binds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(
+        CORRAL_STATE_DIR=str(settings.state_dir),
+        CORRAL_CONFIG_DIR=str(settings.state_dir.parent / "config"),
+        CORRAL_RUN_ROOT=str(settings.run_root),
+        CORRAL_PORT=str(free_port()),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "corral", "serve", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("kind", ["link", "state", "suffix"])
+def test_serve_refuses_a_bad_mount_with_a_usage_error(
+    settings: Settings, base: Path, kind: str
+) -> None:
+    (base / "real").mkdir()
+    (base / "link").symlink_to(base / "real")
+    settings.state_dir.mkdir(parents=True)
+    spec = {
+        "link": f"x={base}/link:rw",
+        "state": f"x={settings.state_dir}:rw",
+        "suffix": f"x={base}/real:rx",
+    }[kind]
+    done = serve(settings, "--mount", spec)
+    assert done.returncode == 2, done.stderr
+    assert "Error: mount 'x'" in done.stderr
+    assert "agent token" not in done.stderr  # refused before anything was served
+
+
+@pytest.mark.parametrize("name", ["../x", ".git/config", "/abs"])
+def test_serve_refuses_a_bad_protected_name_with_a_usage_error(
+    settings: Settings, name: str
+) -> None:
+    done = serve(settings, "--protect", name)
+    assert done.returncode == 2, done.stderr
+    assert "Error: protected name" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# -- the mount point in the workspace -----------------------------------------------------------
+
+
+async def test_a_mount_point_cannot_be_moved_inside_and_a_link_in_its_place_refuses_the_start(
+    settings: Settings, repo: Path, base: Path
+) -> None:
+    before = snapshot(repo)
+    elsewhere = base / "elsewhere"
+    elsewhere.mkdir()
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        info = await service.create_session("point", mounts=["proj"])
+        got = await outcomes(
+            service,
+            "point",
+            {
+                "rename": f"os.rename('{P}', '/workspace/other')",
+                "rmdir": f"os.rmdir('{P}')",
+                "link over": f"os.symlink('/tmp', '/workspace/l') or "
+                f"os.replace('/workspace/l', '{P}')",
+            },
+        )
+        assert got == {"rename": "EBUSY", "rmdir": "EBUSY", "link over": "EISDIR"}
+        await service.stop_session("point")
+        point = info.workspace / "proj"
+        point.rmdir()  # what a sandbox could do once no mount sits there
+        point.symlink_to(elsewhere)
+        with pytest.raises(InvalidInput, match="the workspace entry 'proj' is not a directory"):
+            await service.execute("1", session_id="point")
+        assert service.sessions.sessions["point"].kernels == {}
+    assert snapshot(repo) == before
+    assert list(elsewhere.iterdir()) == []
+
+
+# -- two kernels, one session -----------------------------------------------------------------
+
+
+async def test_a_second_kernel_starts_beside_a_running_one_and_sees_the_same_copy(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("pair", mounts=["proj"])
+        await run(service, "pair", "n = 41")
+        await run(
+            service, "pair", f"open('{P}/.claude/settings.json', 'w').write('from python\\n')"
+        )
+        seen = await run(service, "pair", f"cat {P}/.claude/settings.json", language="bash")
+        assert seen == "from python\n"
+        assert await run(service, "pair", "print(n + 1)") == "42\n"  # thawed, state kept
+        assert service.get_session("pair").kernels == ("bash", "python")
+    assert (repo / ".claude" / "settings.json").read_text() == "host .claude/settings.json\n"
+
+
+async def test_a_link_made_inside_refuses_the_next_kernel_of_the_session(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("swap", mounts=["proj"])
+        await run(service, "swap", f"os.makedirs('{P}/sub')\nos.symlink('/home', '{P}/sub/.git')")
+        with pytest.raises(ProtectionRefused, match=r"'proj': sub/\.git is a symbolic link"):
+            await service.execute("echo no", session_id="swap", language="bash")
+        assert service.get_session("swap").kernels == ("python",)
+        assert await run(service, "swap", "print('still here')") == "still here\n"
+        await service.stop_session("swap")
+        [names] = reported(service, "swap")
+    assert "proj/sub/.git" in names
+
+
+# -- cleaning up --------------------------------------------------------------------------------
+
+
+async def test_stop_leaves_no_process_cgroup_or_copy(settings: Settings, repo: Path) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("clean", mounts=["proj"])
+        await run(service, "clean", "true", language="bash")
+        session = service.sessions.sessions["clean"]
+        assert session.run is not None
+        box = session.run.box
+        pids = [k.pid for k in session.kernels.values() if k.pid is not None]
+        trees = [p for pid in pids for p in [psutil.Process(pid), *_children(pid)]]
+        groups = [*getattr(box, "dirs", {}).values(), getattr(box, "dir", None)]
+        groups = [g for g in groups if g is not None]
+        assert len(pids) == 2 and copies_left(settings, "clean")
+        assert groups and all(Path(g).is_dir() for g in groups)
+        await service.stop_session("clean")
+        assert session.run is None
+        assert [p.pid for p in trees if _alive(p)] == []
+        assert [g for g in groups if Path(g).exists()] == []
+        assert copies_left(settings, "clean") == []
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    return list(psutil.Process(pid).children(recursive=True))
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; a process that vanishes while we look is not alive."""
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
