@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,25 @@ def test_environment_is_only_what_the_policy_lists() -> None:
     assert argv[argv.index("--setenv") + 1 : argv.index("--setenv") + 3] == ["PATH", "/usr/bin"]
 
 
-def test_root_is_remounted_read_only() -> None:
+def test_root_and_proc_are_remounted_read_only() -> None:
     argv = build_argv(_policy(), ["true"], seccomp_fd=3)
-    assert argv[argv.index("--remount-ro") + 1] == "/"
+    remounted = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--remount-ro"]
+    assert remounted == ["/proc", "/"]
+    assert argv.index("--remount-ro") > argv.index("--proc")
+
+
+def test_masked_proc_entries_come_before_proc_is_made_read_only() -> None:
+    policy = replace(
+        _policy(),
+        proc_masked_files=("kcore",),
+        proc_masked_dirs=("acpi",),
+        empty_dir=Path("/srv/empty"),
+    )
+    argv = build_argv(policy, ["true"], seccomp_fd=3)
+    at = argv.index("--remount-ro")
+    assert argv[at - 6 : at] == [
+        "--ro-bind", "/dev/null", "/proc/kcore", "--ro-bind", "/srv/empty", "/proc/acpi",
+    ]  # fmt: skip
 
 
 def test_seccomp_descriptor_is_required_when_policy_wants_it() -> None:

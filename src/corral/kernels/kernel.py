@@ -18,7 +18,12 @@ from pathlib import Path
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
-from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
+from corral.kernels.provisioner import (
+    SandboxedKernelManager,
+    SandboxProvisioner,
+    host_side,
+    kernel_spec,
+)
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.policy import SandboxPolicy
 
@@ -70,12 +75,16 @@ class SandboxedKernel:
             raise KernelStartFailed(f"the {self.language} kernel did not start: {reason}") from exc
 
     async def _wait_for_sockets(self, timeout_s: float) -> None:
-        """Wait until the kernel has bound all five sockets, and check they are sockets.
+        """Wait until the kernel has bound all five sockets, then move them out of its reach.
 
         The sandbox can write its run directory, so a path there could be a link placed to
-        make the server connect elsewhere: anything but a real socket stops the start.
+        make the server connect elsewhere. Each socket is moved (same inode, same listener)
+        into the host-only directory the client connects through, and checked there: what is
+        not a real socket stops the start, and nothing the sandbox does later changes what a
+        reconnect finds.
         """
-        paths = self.manager.socket_paths()
+        names = self.manager.socket_names()
+        paths = [self.run_dir / name for name in names]
         while True:
             if not await self.is_alive():
                 raise KernelStartFailed(
@@ -86,6 +95,7 @@ class SandboxedKernel:
                 if mode is not None and not stat.S_ISSOCK(mode):
                     raise KernelStartFailed(f"{path.name} in the run directory is not a socket")
             if all(mode is not None for mode in modes):
+                self._adopt_sockets(names)
                 return
             if self._remaining(timeout_s) <= 0:
                 raise KernelStartFailed(
@@ -93,6 +103,14 @@ class SandboxedKernel:
                     f"{self.stderr_tail()}"
                 )
             await asyncio.sleep(SOCKET_POLL_S)
+
+    def _adopt_sockets(self, names: list[str]) -> None:
+        host_dir = self.manager.host_dir
+        for name in names:
+            os.rename(self.run_dir / name, host_dir / name)
+            mode = _lstat_mode(host_dir / name)
+            if mode is None or not stat.S_ISSOCK(mode):
+                raise KernelStartFailed(f"{name} in the run directory is not a socket")
 
     def _remaining(self, timeout_s: float) -> float:
         return timeout_s - (time.monotonic() - self.started_at)
@@ -116,6 +134,7 @@ class SandboxedKernel:
         if self.manager.has_kernel:
             await self.manager.shutdown_kernel(now=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        shutil.rmtree(self.manager.host_dir, ignore_errors=True)
 
     def stderr_tail(self) -> str:
         provisioner = self.manager.provisioner
@@ -143,6 +162,7 @@ def make_run_dir(run_root: Path) -> Path:
         os.chmod(run_root, 0o700)
     run_dir = run_root / secrets.token_hex(6)
     run_dir.mkdir(mode=0o700)
+    host_side(run_dir).mkdir(mode=0o700)
     return run_dir
 
 

@@ -72,14 +72,22 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.box = box
         self.bwrap_path = bwrap
         self.run_dir = run_dir
-        self.ip = str(run_dir / SOCKET_PREFIX)
-        self.connection_file = str(run_dir / HOST_CONNECTION_FILE)
+        # The server's side: the kernel's sockets are moved here once bound, and the client
+        # connects (and reconnects) only here, where the sandbox cannot put a link.
+        self.host_dir = host_side(run_dir)
+        self.ip = str(self.host_dir / SOCKET_PREFIX)
+        self.connection_file = str(self.host_dir / HOST_CONNECTION_FILE)
         self.cache_ports = False
 
-    def socket_paths(self) -> list[Path]:
-        """The host paths of the kernel's five sockets (valid once ports are assigned)."""
+    def socket_names(self) -> list[str]:
+        """The file names of the kernel's five sockets (valid once ports are assigned)."""
         ports = (self.shell_port, self.iopub_port, self.stdin_port, self.hb_port, self.control_port)
-        return [Path(f"{self.ip}-{port}") for port in ports]
+        return [f"{SOCKET_PREFIX}-{port}" for port in ports]
+
+
+def host_side(run_dir: Path) -> Path:
+    """The directory beside a kernel's run directory that only the server sees."""
+    return run_dir.with_name(run_dir.name + "-host")
 
 
 class SandboxProvisioner(LocalProvisioner):

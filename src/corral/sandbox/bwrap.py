@@ -52,7 +52,7 @@ def build_argv(
         argv += _bind_args(bind)
     for link in policy.symlinks:
         argv += ["--symlink", link.target, link.dest]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc", *_proc_hardening(policy), "--dev", "/dev"]
     for tmp in policy.tmpfs:
         argv += ["--perms", f"{tmp.mode:o}", "--size", str(tmp.size_bytes), "--tmpfs", tmp.dest]
     for bind in policy.binds:
@@ -66,6 +66,21 @@ def build_argv(
         argv += ["--seccomp", str(seccomp_fd)]
     argv += ["--", *command]
     return argv
+
+
+def _proc_hardening(policy: SandboxPolicy) -> list[str]:
+    """Mask the /proc entries that show host state, then make /proc read-only.
+
+    When corral runs as root, the sandbox user is uid 0 on the host (without capabilities),
+    and the kernel lets uid 0 write sysctls and /proc/sysrq-trigger by file mode alone.
+    """
+    args: list[str] = []
+    for name in policy.proc_masked_files:
+        args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    if policy.empty_dir is not None:
+        for name in policy.proc_masked_dirs:
+            args += ["--ro-bind", str(policy.empty_dir), f"/proc/{name}"]
+    return [*args, "--remount-ro", "/proc"]
 
 
 def _bind_args(bind: Bind) -> list[str]:

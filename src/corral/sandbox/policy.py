@@ -62,6 +62,11 @@ class SandboxPolicy:
     uid: int = SANDBOX_UID
     gid: int = SANDBOX_GID
     seccomp: bool = True
+    # /proc entries hidden behind an empty file or folder (see profile.PROC_MASKED); /proc is
+    # then made read-only, so no sysctl or /proc/sysrq-trigger write reaches the host kernel.
+    proc_masked_files: tuple[str, ...] = ()
+    proc_masked_dirs: tuple[str, ...] = ()
+    empty_dir: Path | None = None
 
     def with_run_dir(self, run_dir: Path) -> SandboxPolicy:
         """This policy with one kernel's run directory (its sockets) at `SANDBOX_RUN_DIR`."""

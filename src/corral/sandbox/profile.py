@@ -82,7 +82,11 @@ def default_policy(
         Bind(runtime.base_prefix, SANDBOX_PYTHON_PREFIX),
         Bind(runtime.site_packages, SANDBOX_RUNTIME_SITE),
     )
+    files, dirs = _proc_masks(host_root)
     return SandboxPolicy(
+        proc_masked_files=files,
+        proc_masked_dirs=dirs,
+        empty_dir=identity_dir / "empty",
         system=system,
         symlinks=links,
         tmpfs=(
@@ -197,6 +201,22 @@ def _system_mounts(host_root: Path) -> tuple[tuple[Bind, ...], tuple[Symlink, ..
     return tuple(binds), tuple(links)
 
 
+# /proc entries that show the host's kernel state or accept writes that change it (the same
+# kinds of entries container runtimes hide); only those this kernel has are masked.
+PROC_MASKED_FILES = (
+    "sysrq-trigger", "kcore", "kmsg", "keys", "key-users", "timer_list", "sched_debug",
+    "kallsyms", "latency_stats", "mtrr", "kpagecount", "kpageflags", "kpagecgroup",
+)  # fmt: skip
+PROC_MASKED_DIRS = ("acpi", "scsi", "driver", "fs", "bus", "irq", "tty", "sysvipc")
+
+
+def _proc_masks(host_root: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    proc = host_root / "proc"
+    files = tuple(name for name in PROC_MASKED_FILES if (proc / name).is_file())
+    dirs = tuple(name for name in PROC_MASKED_DIRS if (proc / name).is_dir())
+    return files, dirs
+
+
 def _identity_binds(identity_dir: Path) -> tuple[Bind, ...]:
     return tuple(Bind(identity_dir / name, f"/etc/{name}") for name in IDENTITY_FILES)
 
@@ -217,6 +237,7 @@ IDENTITY_FILES: dict[str, str] = {
 def write_identity_files(identity_dir: Path) -> None:
     """Write the sandbox's own passwd, group and hosts into a directory only the server writes."""
     identity_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    (identity_dir / "empty").mkdir(mode=0o555, exist_ok=True)
     for name, text in IDENTITY_FILES.items():
         path = identity_dir / name
         if not path.is_file() or path.read_text() != text:

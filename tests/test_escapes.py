@@ -1,0 +1,1414 @@
+"""The escape battery: each test is one attempt to get out of a real session's sandbox.
+
+Every attempt runs real code in a real sandboxed kernel, the way an agent's code would, and
+asserts the exact way DESIGN section 3, 5 and 7 say it must fail. One service serves the
+module with two sessions: A (`esc-a`, a read-write project mount) and B (`esc-b`), under small
+limits (256 MiB memory, 64 tasks, a 64 MiB workspace, a 32 MiB /tmp). Beside them run a real
+corral server on 127.0.0.1 (serving that same service) and a host web server on 127.0.0.2;
+each counts the requests it gets. A unique secret file and a fake ~/.ssh key are planted on
+the host, and every execution's output is checked for them.
+
+The summary line at the end of the run says how many attempts were tried and how many
+were blocked (a blocked attempt is a test that passed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from corral.config import Settings
+from corral.errors import PathRefused
+from corral.kernels.results import ExecutionResult
+from corral.sandbox.disk import MEASURE_INTERVAL_S
+from corral.server.app import build_app
+from corral.service import Service
+from corral.tokens import load_tokens
+from tests.conftest import make_settings
+from tests.server.conftest import free_port
+
+MIB = 1024 * 1024
+MEMORY = 256 * MIB
+TASKS = 64
+WORKSPACE = 64 * MIB
+TMP = 32 * MIB
+EXEC_S = 25.0
+A = "esc-a"  # with the project mounted read-write at /workspace/proj
+B = "esc-b"
+P = "/workspace/proj"
+WEB_HOST = "127.0.0.2"
+TOKEN = secrets.token_hex(8)
+SECRET = f"corral-escape-secret-{TOKEN}"
+SSH_KEY = f"FAKE-PRIVATE-KEY-{TOKEN}"
+HOST_VAR = "CORRAL_ESCAPE_HOST_VARIABLE"
+
+
+# -- the host side ------------------------------------------------------------------------------
+
+
+@dataclass
+class Host:
+    """What the tests plant and run on the host, and the service under attack."""
+
+    service: Service
+    settings: Settings
+    secret: Path
+    ssh_key: Path
+    repo: Path
+    server_port: int
+    server_hits: list[str]
+    web_port: int
+    web_hits: list[int]
+
+
+class _CountingWeb(http.server.ThreadingHTTPServer):
+    """A host web server that counts every connection it accepts."""
+
+    daemon_threads = True
+    hits: list[int]
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        self.hits.append(1)
+        return True
+
+
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = SECRET.encode()  # a host service holding a secret
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Requests are counted, not logged."""
+
+
+@contextlib.contextmanager
+def counting_web() -> Iterator[tuple[int, list[int]]]:
+    httpd = _CountingWeb((WEB_HOST, 0), _Quiet)
+    httpd.hits = []
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield int(httpd.server_address[1]), httpd.hits
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@contextlib.asynccontextmanager
+async def corral_server(settings: Settings, service: Service) -> AsyncIterator[list[str]]:
+    """The real corral app for `service` on 127.0.0.1:settings.port; yields its request log.
+
+    It runs on the test's event loop, so the app and the tests share the one open service
+    (the lifespan is off: the service is already open).
+    """
+    app = build_app(settings, service, load_tokens(settings.config_dir, env={}))
+    hits: list[str] = []
+
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            hits.append(scope["path"])
+        await app(scope, receive, send)
+
+    config = uvicorn.Config(
+        counted,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        lifespan="off",
+        interface="asgi3",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if task.done() or time.monotonic() > deadline:
+            raise RuntimeError("the corral server did not start")
+        await asyncio.sleep(0.02)
+    try:
+        yield hits
+    finally:
+        server.should_exit = True
+        await task
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(cwd),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    done = subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", *args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout
+
+
+def make_repo(base: Path) -> Path:
+    """A project the host trusts: a git repository (with git's sample hooks) and settings."""
+    repo = base / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "main.py").write_text("print('hi')\n")
+    (repo / ".claude").mkdir()
+    (repo / ".claude" / "settings.json").write_text('{"hooks": {}}\n')
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "start")
+    return repo
+
+
+def snapshot(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root` (links by target, files by bytes), to compare host trees."""
+    seen: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[rel] = f"link -> {os.readlink(path)}"
+        elif path.is_file():
+            seen[rel] = path.read_bytes()
+        else:
+            seen[rel] = "dir"
+    return seen
+
+
+@pytest.fixture(scope="module")
+async def host(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Host]:
+    base = tmp_path_factory.mktemp("escapes").resolve()
+    secret = base / "secret" / "host-secret.txt"
+    secret.parent.mkdir()
+    secret.write_text(SECRET + "\n")
+    ssh_key = base / "home" / ".ssh" / "id_ed25519"
+    ssh_key.parent.mkdir(parents=True)
+    ssh_key.write_text(SSH_KEY + "\n")
+    ssh_key.chmod(0o600)
+    repo = make_repo(base)
+    run = Path(tempfile.mkdtemp(prefix="crx", dir="/tmp"))
+    settings = make_settings(
+        base / "state",
+        run,
+        config_dir=base / "config",
+        port=free_port(),
+        memory_bytes=MEMORY,
+        tasks=TASKS,
+        workspace_bytes=WORKSPACE,
+        tmp_size_bytes=TMP,
+        exec_timeout_s=30.0,
+        mounts=f"proj={repo}:rw",
+    )
+    try:
+        with pytest.MonkeyPatch.context() as patch, counting_web() as (web_port, web_hits):
+            patch.setenv(HOST_VAR, SECRET)
+            async with Service(settings) as service:
+                await service.create_session(A, mounts=["proj"])
+                await service.create_session(B)
+                async with corral_server(settings, service) as server_hits:
+                    yield Host(
+                        service,
+                        settings,
+                        secret,
+                        ssh_key,
+                        repo,
+                        settings.port,
+                        server_hits,
+                        web_port,
+                        web_hits,
+                    )
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+# -- counting attempts ----------------------------------------------------------------------
+
+
+class BatterySummary:
+    """A plugin registered by the module: the attempts tried and blocked, in the summary."""
+
+    def __init__(self, module_id: str) -> None:
+        self.module_id = module_id
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        outcomes: dict[str, bool] = {}
+        for kind in ("passed", "failed", "error"):
+            for report in terminalreporter.stats.get(kind, []):
+                nodeid = getattr(report, "nodeid", "")
+                if not nodeid.startswith(self.module_id + "::"):
+                    continue
+                name = nodeid.split("::")[-1]
+                blocked = kind == "passed" and report.when == "call"
+                outcomes[name] = outcomes.get(name, True) and blocked
+        if not outcomes:
+            return
+        open_ = sorted(name for name, blocked in outcomes.items() if not blocked)
+        line = (
+            f"escape battery: {len(outcomes)} attempts tried, {len(outcomes) - len(open_)} blocked"
+        )
+        terminalreporter.write_sep("-", line, bold=True, red=bool(open_), green=not open_)
+        for name in open_:
+            terminalreporter.write_line(f"NOT BLOCKED: {name}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def battery(request: pytest.FixtureRequest) -> None:
+    """Register the summary once; each test's pass or failure is its attempt's outcome."""
+    manager = request.config.pluginmanager
+    name = f"escape-battery-{request.node.nodeid}"
+    if manager.get_plugin(name) is None:
+        manager.register(BatterySummary(request.node.nodeid), name)
+
+
+# -- running code inside -------------------------------------------------------------------
+
+
+def checked(host: Host, result: ExecutionResult) -> ExecutionResult:
+    """`result`, once its output is known to hold neither planted secret."""
+    text = result.text()
+    assert SECRET not in text, text
+    assert SSH_KEY not in text, text
+    return result
+
+
+async def execute(
+    host: Host, code: str, sid: str = A, timeout_s: float = EXEC_S
+) -> ExecutionResult:
+    result = await host.service.execute(code, session_id=sid, timeout_s=timeout_s)
+    return checked(host, result)
+
+
+async def py(host: Host, code: str, sid: str = A) -> Any:
+    """Run Python that prints one JSON value as its last line; that value."""
+    result = await execute(host, code, sid)
+    assert result.status == "ok", result.text()
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+PRELUDE = """
+import ctypes, errno, json, os, socket, subprocess, time
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+def _p(data):
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+def _sys(number, *args):
+    r = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+    if r == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return r
+def _c(name, *args):
+    if getattr(_libc, name)(*args) == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+def _try(f):
+    try:
+        f()
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+_buf = ctypes.create_string_buffer(256)
+_bufp = ctypes.addressof(_buf)
+def _log_fd():
+    # The kernel's inherited stderr log: the one descriptor naming an unnamed file.
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            if os.readlink(f'/proc/self/fd/{fd}').endswith(' (deleted)'):
+                return int(fd)
+        except OSError:
+            pass
+    raise LookupError('no stderr log')
+"""
+
+
+async def outcomes(
+    host: Host, ops: dict[str, str], sid: str = A, setup: str = "", cleanup: str = ""
+) -> dict[str, str]:
+    """Each Python expression run inside: "ok", or the name of the errno it failed with."""
+    calls = ", ".join(f"{label!r}: _try(lambda: {expr})" for label, expr in ops.items())
+    code = f"{PRELUDE}\n{setup}\n_out = {{{calls}}}\n{cleanup}\nprint(json.dumps(_out))\n"
+    got: dict[str, str] = await py(host, code, sid)
+    return got
+
+
+def run_inside(argv: list[str]) -> str:
+    """Python that runs `argv` inside and prints {"rc": ..., "out": ...} as JSON."""
+    return (
+        "import json, subprocess\n"
+        f"_d = subprocess.run({argv!r}, capture_output=True, text=True, timeout=20)\n"
+        "print(json.dumps({'rc': _d.returncode, 'out': _d.stdout + _d.stderr}))\n"
+    )
+
+
+async def command(host: Host, argv: list[str], sid: str = A) -> tuple[int, str]:
+    done = await py(host, run_inside(argv), sid)
+    return int(done["rc"]), str(done["out"])
+
+
+async def answers(host: Host, sid: str) -> None:
+    result = await execute(host, "1 + 1", sid)
+    assert result.status == "ok", result.text()
+    assert result.results == [{"text/plain": "2"}]
+
+
+def pending_connections(listener: socket.socket) -> int:
+    """How many connections wait in `listener`'s backlog (accepted and closed here)."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
+@contextlib.contextmanager
+def unix_listener(path: Path) -> Iterator[socket.socket]:
+    """A host service on a unix socket (like docker.sock or an ssh-agent)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(128)
+    try:
+        yield listener
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+
+
+# -- host secrets through /proc ----------------------------------------------------------------
+
+
+async def test_read_host_secret_through_proc_1_root(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "secret": f"open('/proc/1/root{host.secret}').read()",
+            "ssh key": f"open('/proc/1/root{host.ssh_key}').read()",
+            "shadow": "open('/proc/1/root/etc/shadow').read()",
+            "host home": f"os.listdir('/proc/1/root{Path.home()}')",
+        },
+    )
+    assert got == {
+        "secret": "ENOENT",
+        "ssh key": "ENOENT",
+        "shadow": "ENOENT",
+        "host home": "ENOENT",
+    }
+
+
+async def test_read_host_secret_through_the_host_servers_proc_root(host: Host) -> None:
+    pid = os.getpid()
+    got = await outcomes(
+        host,
+        {
+            "root": f"open('/proc/{pid}/root{host.secret}').read()",
+            "cwd": f"os.listdir('/proc/{pid}/cwd')",
+            "environ": f"open('/proc/{pid}/environ').read()",
+            "fd": f"os.listdir('/proc/{pid}/fd')",
+            "kill": f"os.kill({pid}, 0)",
+        },
+    )
+    assert got == {
+        "root": "ENOENT",
+        "cwd": "ENOENT",
+        "environ": "ENOENT",
+        "fd": "ENOENT",
+        "kill": "ESRCH",  # the host's processes do not exist in the sandbox's pid namespace
+    }
+
+
+async def test_climb_out_through_proc_self_root_dotdot(host: Host) -> None:
+    seen = await py(
+        host,
+        "import json, os\n"
+        "print(json.dumps({\n"
+        "    'same': sorted(os.listdir('/proc/self/root/..')) == sorted(os.listdir('/')),\n"
+        "    'deep': sorted(os.listdir('/proc/self/root/../../..')) == sorted(os.listdir('/')),\n"
+        f"    'secret': os.path.exists('/proc/self/root/../..{host.secret}'),\n"
+        "    'inode': os.stat('/proc/self/root/..').st_ino == os.stat('/').st_ino,\n"
+        "}))",
+    )
+    assert seen == {"same": True, "deep": True, "secret": False, "inode": True}
+
+
+FD_WALK = """
+import errno, json, os, stat
+contents = []
+mine = {int(line.split()[0]) for line in open('/proc/self/mountinfo')}
+null = os.makedev(1, 3)
+found = []
+for pid in sorted(p for p in os.listdir('/proc') if p.isdigit()):
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        link = f'/proc/{pid}/fd/{fd}'
+        try:
+            target = os.readlink(link)
+            info = os.stat(link)
+            fdinfo = open(f'/proc/{pid}/fdinfo/{fd}').read()
+        except OSError:
+            continue  # closed while we looked (the listing's own descriptor)
+        mnt = int(fdinfo.split('mnt_id:')[1].split()[0])
+        entry = {'pid': pid, 'fd': fd, 'target': target, 'mine': mnt in mine,
+                 'null': stat.S_ISCHR(info.st_mode) and info.st_rdev == null,
+                 'ino': info.st_ino, 'regular': stat.S_ISREG(info.st_mode), 'read': None}
+        if entry['regular']:
+            try:
+                with open(link, 'rb') as f:
+                    contents.append(f.read(1 << 20))
+                entry['read'] = True
+            except OSError as e:
+                entry['read'] = errno.errorcode[e.errno]
+        found.append(entry)
+# What the descriptors hold goes to the workspace, for the host to search.
+open('/workspace/fd-contents.bin', 'wb').write(b'\\0'.join(contents))
+print(json.dumps(found))
+"""
+
+
+async def test_follow_inherited_descriptors_to_host_paths(host: Host) -> None:
+    """Every descriptor of every process inside names a pipe, a socket, an anonymous inode
+    or a file on the sandbox's own mounts; the two exceptions are the host's /dev/null and
+    the kernel's stderr log, an unnamed file (DESIGN: kept for error messages)."""
+    found = await py(host, FD_WALK)
+    paths = [entry for entry in found if entry["target"].startswith("/")]
+    assert paths, found
+    outside = [e for e in paths if not e["mine"] and not e["null"]]
+    assert all(e["target"].endswith(" (deleted)") for e in outside), outside
+    assert len({e["ino"] for e in outside}) == 1, outside  # the stderr log, nothing else
+    assert [e for e in found if e["regular"] and e["read"] is not True] == []
+    contents = host.service.read_file(A, "fd-contents.bin")
+    assert contents and SECRET.encode() not in contents and SSH_KEY.encode() not in contents
+    assert not [e for e in paths if str(host.secret.parent) in e["target"]]
+
+
+async def test_read_host_home_paths_in_mountinfo(host: Host) -> None:
+    """The mount table names no host secret path, not the home itself, and below the home
+    only the read-only interpreter prefix the design binds at /opt/corral."""
+    mounts = await py(
+        host,
+        "import json\nprint(json.dumps([l.split() for l in open('/proc/self/mountinfo')]))",
+    )
+    home = str(Path.home())
+    text = json.dumps(mounts)
+    assert str(host.secret.parent) not in text and str(host.ssh_key.parent) not in text
+    for fields in mounts:
+        root, point, options = fields[3], fields[4], fields[5]
+        assert root != home and point != home, fields
+        if root.startswith(home + "/"):
+            assert point.startswith("/opt/corral/"), fields
+            assert options.split(",")[0] == "ro", fields
+
+
+async def test_read_host_variables_from_proc_environ(host: Host) -> None:
+    assert os.environ[HOST_VAR] == SECRET
+    environs = await py(
+        host,
+        "import json, os\n"
+        "print(json.dumps({p: open(f'/proc/{p}/environ', 'rb').read().decode('latin-1')\n"
+        "    for p in os.listdir('/proc') if p.isdigit()}))",
+    )
+    assert len(environs) >= 2, environs  # bwrap (pid 1) and the kernel at least
+    for environ in environs.values():
+        assert HOST_VAR not in environ
+        assert "JPY_PARENT_PID" not in environ and "CORRAL_STATE_DIR" not in environ
+
+
+# -- links in the workspace ------------------------------------------------------------------
+
+
+async def test_follow_a_workspace_symlink_to_the_host_secret_inside(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "read": "open('/workspace/to-secret').read()",
+            "stat": "os.stat('/workspace/to-secret')",
+            "dir": "os.listdir('/workspace/to-secret-dir')",
+        },
+        setup=(
+            f"os.symlink({str(host.secret)!r}, '/workspace/to-secret')\n"
+            f"os.symlink({str(host.secret.parent)!r}, '/workspace/to-secret-dir')"
+        ),
+    )
+    assert got == {"read": "ENOENT", "stat": "ENOENT", "dir": "ENOENT"}
+
+
+async def test_read_a_workspace_symlink_to_the_host_secret_with_the_file_api(host: Host) -> None:
+    await py(
+        host,
+        f"import os\nos.symlink({str(host.secret)!r}, '/workspace/leak')\nprint('null')",
+    )
+    with pytest.raises(PathRefused, match="'leak' is a symbolic link, and links are never"):
+        host.service.read_file(A, "leak")
+    with pytest.raises(PathRefused, match="is a symbolic link"):
+        host.service.read_file(A, "/workspace/leak")
+    before = len(host.server_hits)
+    tokens = load_tokens(host.settings.config_dir, env={})
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{host.server_port}",
+        headers={"Authorization": f"Bearer {tokens.agent}"},
+    ) as http:
+        response = await http.get(f"/v1/sessions/{A}/files/content", params={"path": "leak"})
+    assert len(host.server_hits) == before + 1  # the real server answered this one
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "path_refused"
+    assert SECRET not in response.text
+    assert host.secret.read_text() == SECRET + "\n"
+
+
+async def test_read_through_a_symlinked_parent_directory_with_the_file_api(host: Host) -> None:
+    await py(
+        host,
+        f"import os\nos.symlink({str(host.secret.parent)!r}, '/workspace/secret-dir')\n"
+        f"os.symlink({str(host.ssh_key.parent.parent)!r}, '/workspace/fake-home')\n"
+        "print('null')",
+    )
+    for path in ("secret-dir/host-secret.txt", "fake-home/.ssh/id_ed25519"):
+        with pytest.raises(PathRefused, match="is a symbolic link, and links are never followed"):
+            host.service.read_file(A, path)
+    with pytest.raises(PathRefused, match="is a symbolic link"):
+        host.service.list_files(A, "secret-dir")
+    with pytest.raises(PathRefused, match="is a symbolic link"):
+        host.service.write_file(A, "secret-dir/host-secret.txt", b"overwritten")
+    assert host.secret.read_text() == SECRET + "\n"
+    listing = host.service.list_files(A, ".", recursive=True)
+    assert {e["kind"] for e in listing["entries"] if e["path"] == "secret-dir"} == {"link"}
+
+
+async def test_hard_link_across_filesystems(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "from tmp": "os.link('/tmp/mine', '/workspace/hard-tmp')",
+            "from etc": "os.link('/etc/passwd', '/workspace/hard-passwd')",
+            "from usr": "os.link('/usr/bin/env', '/workspace/hard-env')",
+            "from runtime": "os.link('/opt/corral/python/bin/python3', '/workspace/hard-py')",
+            "stderr log": "os.link(_log, '/workspace/hard-log', follow_symlinks=True)",
+        },
+        setup="open('/tmp/mine', 'w').write('x')\n_log = f'/proc/self/fd/{_log_fd()}'",
+    )
+    # Every one crosses a mount: EXDEV (fs.protected_hardlinks would say EPERM after it).
+    assert got == dict.fromkeys(
+        ("from tmp", "from etc", "from usr", "from runtime", "stderr log"), "EXDEV"
+    )
+
+
+# -- the network -----------------------------------------------------------------------------
+
+
+def policy_is_none(host: Host, sid: str) -> None:
+    assert host.service.network_policy(sid)["mode"] == "none"
+
+
+async def test_reach_the_server_and_host_ports_with_python_sockets(host: Host) -> None:
+    policy_is_none(host, A)
+    before = (len(host.server_hits), len(host.web_hits))
+    got = await outcomes(
+        host,
+        {
+            "server": f"socket.create_connection(('127.0.0.1', {host.server_port}), timeout=3)",
+            "web": f"socket.create_connection(('{WEB_HOST}', {host.web_port}), timeout=3)",
+            "web v6": f"socket.create_connection(('::ffff:{WEB_HOST}', {host.web_port}), 3)",
+            "server by name": f"socket.create_connection(('localhost', {host.server_port}), 3)",
+        },
+    )
+    # The sandbox's loopback is its own: nothing listens there.
+    assert got["server"] == got["web"] == got["server by name"] == "ECONNREFUSED", got
+    assert got["web v6"] in ("ECONNREFUSED", "ENETUNREACH", "EAFNOSUPPORT"), got
+    assert (len(host.server_hits), len(host.web_hits)) == before
+
+
+async def test_reach_the_server_and_host_ports_with_curl_directly(host: Host) -> None:
+    before = (len(host.server_hits), len(host.web_hits))
+    for url in (
+        f"http://127.0.0.1:{host.server_port}/health",
+        f"http://{WEB_HOST}:{host.web_port}/",
+    ):
+        rc, out = await command(host, ["curl", "-sS", "--max-time", "5", "--noproxy", "*", url])
+        assert rc == 7, out  # CURLE_COULDNT_CONNECT
+        assert "Could not connect" in out or "Failed to connect" in out, out
+    assert (len(host.server_hits), len(host.web_hits)) == before
+
+
+async def test_reach_the_server_and_host_ports_through_the_proxy_with_policy_none(
+    host: Host,
+) -> None:
+    policy_is_none(host, A)
+    before = (len(host.server_hits), len(host.web_hits))
+    proxy = "http://127.0.0.1:3128"
+    server = f"127.0.0.1:{host.server_port}"
+    web = f"{WEB_HOST}:{host.web_port}"
+    curl = ["curl", "-sS", "--max-time", "10", "-w", "\nHTTP %{http_code}"]
+    for target, extra in (
+        (web, []),  # HTTP_PROXY from the environment
+        (server, ["--proxy", proxy, "--noproxy", ""]),  # 127.0.0.1 is in NO_PROXY
+    ):
+        rc, out = await command(host, [*curl, *extra, f"http://{target}/"])
+        assert rc == 0 and out.endswith("HTTP 403"), out
+        assert f"corral refused {target}: mode none" in out, out
+        rc, out = await command(host, [*curl, *extra, "--proxytunnel", f"http://{target}/"])
+        assert rc == 56 and "CONNECT tunnel failed, response 403" in out, out
+    rc, out = await command(
+        host,
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "--socks5-hostname",
+            "127.0.0.1:1080",
+            f"http://{web}/",
+        ],
+    )
+    assert rc == 97, out  # CURLE_PROXY: the SOCKS server refused the connection
+    status = await py(
+        host,
+        "import json, requests\n"
+        f"r = requests.get('http://{web}/', timeout=10)\n"
+        "print(json.dumps([r.status_code, 'corral refused' in r.text]))",
+    )
+    assert status == [403, True]
+    assert (len(host.server_hits), len(host.web_hits)) == before
+    assert host.service.network_policy(A)["stats"]["refused"] >= 6
+
+
+async def test_open_raw_and_packet_sockets(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "raw icmp": "socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)",
+            "raw ipv6": "socket.socket(socket.AF_INET6, socket.SOCK_RAW, 58)",
+            "raw tcp": "socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)",
+            "packet": "socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0x0300)",
+            "packet dgram": "socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0x0300)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 5, got
+
+
+async def test_change_routes_and_links_over_netlink(host: Host) -> None:
+    for argv in (
+        ["ip", "route", "add", "default", "dev", "lo"],
+        ["ip", "link", "add", "esc0", "type", "dummy"],
+        ["ip", "address", "add", "10.9.9.9/24", "dev", "lo"],
+    ):
+        rc, out = await command(host, argv)
+        assert rc == 2 and "RTNETLINK answers: Operation not permitted" in out, (argv, out)
+    interfaces = await py(
+        host, "import json, socket\nprint(json.dumps([n for _, n in socket.if_nameindex()]))"
+    )
+    assert interfaces == ["lo"]
+
+
+async def test_send_udp_and_tcp_to_a_public_address(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "udp sendto": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            ".sendto(b'x', ('8.8.8.8', 53))",
+            "udp connect": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            ".connect(('8.8.8.8', 53))",
+            "tcp": "socket.create_connection(('1.1.1.1', 443), timeout=3)",
+            "udp v6": "socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)"
+            ".sendto(b'x', ('2001:4860:4860::8888', 53))",
+        },
+    )
+    assert got == dict.fromkeys(got, "ENETUNREACH") and len(got) == 4, got
+
+
+async def test_connect_to_a_host_abstract_unix_socket(host: Host) -> None:
+    name = f"\0corral-escape-{TOKEN}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(8)
+    try:
+        got = await outcomes(host, {"abstract": f"socket.socket(socket.AF_UNIX).connect({name!r})"})
+        assert got == {"abstract": "ECONNREFUSED"}  # abstract names belong to a net namespace
+        assert pending_connections(listener) == 0
+    finally:
+        listener.close()
+
+
+# -- tracing -------------------------------------------------------------------------------
+
+SIBLING = "_child = subprocess.Popen(['sleep', '60'])\ntime.sleep(0.1)"
+REAP = "_child.kill()\n_child.wait()"
+
+
+async def test_ptrace_attach_a_sibling_process(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "attach": "_sys(101, 16, _child.pid, 0, 0)",  # PTRACE_ATTACH
+            "seize": "_sys(101, 0x4206, _child.pid, 0, 0)",  # PTRACE_SEIZE
+            "traceme": "_sys(101, 0, 0, 0, 0)",
+            "tracer": "[l for l in open(f'/proc/{_child.pid}/status') "
+            "if l.startswith('TracerPid:\\t0')][0]",
+        },
+        setup=SIBLING,
+        cleanup=REAP,
+    )
+    assert got == {"attach": "EPERM", "seize": "EPERM", "traceme": "EPERM", "tracer": "ok"}
+
+
+async def test_ptrace_attach_pid_1(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "attach": "_sys(101, 16, 1, 0, 0)",
+            "peek": "_sys(101, 2, 1, 0, 0)",  # PTRACE_PEEKTEXT
+            "mem": "open('/proc/1/mem', 'rb').read(1)",
+        },
+    )
+    assert got["attach"] == got["peek"] == "EPERM", got
+    assert got["mem"] in ("EACCES", "EPERM", "EIO"), got
+
+
+async def test_process_vm_readv_a_sibling(host: Host) -> None:
+    read = (
+        "_buf = ctypes.create_string_buffer(64)\n"
+        "class _Iov(ctypes.Structure):\n"
+        "    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]\n"
+        "_local = _Iov(ctypes.cast(_buf, ctypes.c_void_p), 64)\n"
+        "_remote = _Iov(0x400000, 64)\n"
+        "def _vm(number):\n"
+        "    return _sys(number, _child.pid, ctypes.addressof(_local), 1, "
+        "ctypes.addressof(_remote), 1, 0)\n"
+    )
+    got = await outcomes(
+        host,
+        {"readv": "_vm(310)", "writev": "_vm(311)"},
+        setup=SIBLING + "\n" + read,
+        cleanup=REAP,
+    )
+    assert got == {"readv": "EPERM", "writev": "EPERM"}
+
+
+# -- namespaces ------------------------------------------------------------------------------
+
+
+async def test_create_a_user_namespace_with_the_unshare_command(host: Host) -> None:
+    for argv in (
+        ["unshare", "-U", "true"],
+        ["unshare", "--user", "--map-root-user", "id", "-u"],
+        ["unshare", "-m", "true"],
+    ):
+        rc, out = await command(host, argv)
+        assert rc == 1 and "unshare failed: Operation not permitted" in out, (argv, out)
+
+
+async def test_create_a_user_namespace_with_the_unshare_syscall(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "libc newuser": "_c('unshare', 0x10000000)",
+            "syscall newuser": "_sys(272, 0x10000000)",
+            "newuser|newns": "_sys(272, 0x10000000 | 0x20000)",
+            "newnet": "_sys(272, 0x40000000)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 4, got
+
+
+async def test_clone_with_clone_newuser(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "clone newuser": "_sys(56, 0x10000000 | 17, 0, 0, 0, 0)",
+            "clone newuser high bits": "_sys(56, 0x10000000 | 17 | (1 << 40), 0, 0, 0, 0)",
+            "clone3": "_sys(435, 0, 0)",
+        },
+    )
+    # clone3 passes its flags in memory seccomp cannot read: it says ENOSYS, libc falls back.
+    assert got == {
+        "clone newuser": "EPERM",
+        "clone newuser high bits": "EPERM",
+        "clone3": "ENOSYS",
+    }
+
+
+async def test_setns_into_pid_1_namespaces(host: Host) -> None:
+    kinds = ("user", "mnt", "net", "pid", "ipc", "uts", "cgroup")
+    got = await outcomes(
+        host,
+        {kind: f"_sys(308, os.open('/proc/1/ns/{kind}', os.O_RDONLY), 0)" for kind in kinds},
+    )
+    assert got == dict.fromkeys(kinds, "EPERM")
+    rc, out = await command(host, ["nsenter", "-t", "1", "-m", "-U", "true"])
+    assert rc == 1 and "Operation not permitted" in out, out
+
+
+# -- mounting ---------------------------------------------------------------------------------
+
+
+async def test_mount_tmpfs_with_the_mount_command(host: Host) -> None:
+    rc, out = await command(host, ["mount", "-t", "tmpfs", "none", "/workspace"])
+    assert rc == 32 and "must be superuser to use mount" in out, out
+    rc, out = await command(host, ["umount", "-l", "/workspace"])
+    assert rc == 32, out
+
+
+async def test_mount_with_the_syscall(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "mount tmpfs": "_sys(165, _p(b'none'), _p(b'/tmp'), _p(b'tmpfs'), 0, 0)",
+            "bind remount rw": "_sys(165, _p(b'/usr'), _p(b'/usr'), 0, 0x1000 | 0x20, 0)",
+            "umount2": "_sys(166, _p(b'/workspace'), 2)",
+            "pivot_root": "_sys(155, _p(b'/tmp'), _p(b'/tmp'))",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 4, got
+
+
+async def test_mount_with_the_new_mount_api(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "fsopen": "_sys(430, _p(b'tmpfs'), 0)",
+            "fsconfig": "_sys(431, 0, 6, 0, 0, 0)",
+            "fsmount": "_sys(432, 0, 0, 0)",
+            "open_tree": "_sys(428, -100, _p(b'/'), 1 | 0x80000)",
+            "move_mount": "_sys(429, -100, _p(b'/tmp'), -100, _p(b'/workspace'), 0)",
+            "fspick": "_sys(433, -100, _p(b'/'), 0)",
+            "mount_setattr": "_sys(442, -100, _p(b'/'), 0, 0, 0)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 7, got
+
+
+async def test_chroot_to_escape(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {"chroot": "os.chroot('/tmp')", "chroot syscall": "_sys(161, _p(b'/workspace'))"},
+    )
+    assert got == {"chroot": "EPERM", "chroot syscall": "EPERM"}
+
+
+# -- terminals --------------------------------------------------------------------------------
+
+TTY_SETUP = "import fcntl, pty, termios\n_master, _slave = pty.openpty()"
+
+
+async def test_inject_keystrokes_with_tiocsti(host: Host) -> None:
+    ops = {f"fd {fd}": f"fcntl.ioctl({fd}, termios.TIOCSTI, b'x')" for fd in (0, 1, 2)}
+    ops["pty"] = "fcntl.ioctl(_slave, termios.TIOCSTI, b'x')"
+    ops["high bits"] = "_sys(16, _slave, 0x100005412, _bufp)"
+    ops["dev tty"] = "os.open('/dev/tty', os.O_RDWR)"
+    ops["take a terminal"] = "fcntl.ioctl(_slave, termios.TIOCSCTTY, 0)"
+    got = await outcomes(host, ops, setup=TTY_SETUP)
+    assert {k: got[k] for k in ("fd 0", "fd 1", "fd 2", "pty", "high bits")} == dict.fromkeys(
+        ("fd 0", "fd 1", "fd 2", "pty", "high bits"), "EPERM"
+    )
+    assert got["dev tty"] == "ENXIO"  # --new-session: no controlling terminal
+    assert got["take a terminal"] == "EPERM"  # not a session leader (and no CAP_SYS_ADMIN)
+
+
+async def test_inject_console_input_with_tioclinux(host: Host) -> None:
+    ops = {f"fd {fd}": f"fcntl.ioctl({fd}, 0x541C, b'\\x02')" for fd in (0, 1, 2)}
+    ops["pty"] = "fcntl.ioctl(_slave, 0x541C, b'\\x02')"
+    got = await outcomes(host, ops, setup=TTY_SETUP)
+    assert got == dict.fromkeys(ops, "EPERM")
+
+
+# -- protected files in a read-write project -----------------------------------------------------
+
+
+async def test_write_through_the_protected_git_config(host: Host) -> None:
+    config = (host.repo / ".git" / "config").read_bytes()
+    got = await outcomes(
+        host,
+        {
+            "append": f"open('{P}/.git/config', 'a').write('[core]\\n\\tfsmonitor = x\\n')",
+            "truncate": f"os.truncate('{P}/.git/config', 0)",
+            "rename": f"os.rename('{P}/.git/config', '{P}/.git/config.old')",
+            "unlink": f"os.unlink('{P}/.git/config')",
+            "replace": f"os.replace('{P}/evil-config', '{P}/.git/config')",
+            "link over": f"os.replace('{P}/evil-link', '{P}/.git/config')",
+            "chmod": f"os.chmod('{P}/.git/config', 0o666)",
+        },
+        setup=(
+            f"open('{P}/evil-config', 'w').write('[core]\\n\\thooksPath = /tmp\\n')\n"
+            f"os.symlink({str(host.ssh_key)!r}, '{P}/evil-link')"
+        ),
+        cleanup=f"os.unlink('{P}/evil-config')\nos.unlink('{P}/evil-link')",
+    )
+    assert got["append"] == got["truncate"] == got["chmod"] == "EROFS", got
+    assert got["unlink"] == "EBUSY", got  # a mount point
+    for op in ("rename", "replace", "link over"):
+        assert got[op] in ("EBUSY", "EXDEV"), got
+    assert (host.repo / ".git" / "config").read_bytes() == config
+
+
+async def test_add_a_git_hook_that_the_host_would_run(host: Host) -> None:
+    hooks = snapshot(host.repo / ".git" / "hooks")
+    hook = f"{P}/.git/hooks/pre-commit"
+    seen = await py(
+        host,
+        "import json, os\n"
+        f"open('{hook}', 'w').write('#!/bin/sh\\ncat {host.ssh_key} > /tmp/stolen\\n')\n"
+        f"os.chmod('{hook}', 0o755)\n"
+        f"print(json.dumps(os.path.exists('{hook}')))",
+    )
+    assert seen is True  # written, into the session's throw-away copy
+    assert not (host.repo / ".git" / "hooks" / "pre-commit").exists()
+    assert snapshot(host.repo / ".git" / "hooks") == hooks
+
+
+async def test_move_dot_git_aside(host: Host) -> None:
+    before = snapshot(host.repo / ".git")
+    got = await outcomes(
+        host,
+        {
+            ".git": f"os.rename('{P}/.git', '{P}/git-aside')",
+            ".git/hooks": f"os.rename('{P}/.git/hooks', '{P}/hooks-aside')",
+            ".claude": f"os.rename('{P}/.claude', '{P}/claude-aside')",
+            "rmdir hooks": f"os.rmdir('{P}/.git/hooks')",
+        },
+    )
+    assert set(got.values()) <= {"EBUSY", "EXDEV"} and len(got) == 4, got
+    assert not (host.repo / "git-aside").exists()
+    assert snapshot(host.repo / ".git") == before
+
+
+# -- exhausting the session's limits ------------------------------------------------------------
+
+FORK_LOOP = """
+import os, time
+forked = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        forked += 1
+finally:
+    print('forked', forked)
+"""
+
+
+async def test_exhaust_pids_with_a_fork_loop(host: Host) -> None:
+    result = await execute(host, FORK_LOOP, B)
+    assert result.limit == "tasks", result.text()
+    assert result.message is not None and f"limit of {TASKS} tasks" in result.message
+    if host.service.sessions.mechanism.name == "rlimit":
+        assert result.status == "died"
+    else:
+        assert result.status == "error", result.text()
+        assert result.error is not None and result.error.ename == "BlockingIOError"
+        assert int(result.stdout.split()[-1]) < TASKS
+    await answers(host, A)
+    await host.service.restart_session(B)  # its sleeping children hold the tasks
+    await answers(host, B)
+
+
+async def test_exhaust_memory_with_a_bytearray(host: Host) -> None:
+    bomb, beside = await asyncio.gather(
+        execute(host, "hog = bytearray(1 << 30)", B), execute(host, "1 + 1", A)
+    )
+    assert bomb.limit == "memory", bomb.text()
+    assert bomb.status == ("error" if host.service.sessions.mechanism.name == "rlimit" else "died")
+    assert bomb.message is not None and "256 MiB memory limit" in bomb.message
+    assert beside.results == [{"text/plain": "2"}]
+    await answers(host, A)
+    await answers(host, B)
+
+
+WORKSPACE_FILLER = """
+import os
+os.makedirs('/workspace/fill', exist_ok=True)
+chunk = b'x' * (1 << 20)
+i = 0
+while True:
+    with open(f'/workspace/fill/{i}.bin', 'wb') as f:
+        for _ in range(4):
+            f.write(chunk)
+    i += 1
+"""
+
+
+async def test_fill_the_workspace(host: Host) -> None:
+    result = await execute(host, WORKSPACE_FILLER, B)
+    assert result.status == "interrupted", result.text()
+    assert result.limit == "disk"
+    assert result.message is not None and "the workspace holds at most 64 MiB" in result.message
+    await answers(host, A)
+    host.service.delete_file(B, "fill", recursive=True)
+    watch = host.service.sessions.sessions[B].disk
+    for _ in range(4):
+        await watch.check()
+        await asyncio.sleep(MEASURE_INTERVAL_S)
+    await answers(host, B)
+
+
+async def test_fill_tmp(host: Host) -> None:
+    result = await execute(
+        host,
+        "with open('/tmp/big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))",
+        B,
+    )
+    assert result.status == "error", result.text()
+    assert result.error is not None and "[Errno 28] No space left on device" in result.error.evalue
+    assert result.limit == "disk"
+    assert result.message is not None and "/tmp 32 MiB" in result.message
+    await answers(host, A)
+    size = await py(
+        host,
+        "import json, os\nn = os.path.getsize('/tmp/big.bin')\nos.unlink('/tmp/big.bin')\n"
+        "print(json.dumps(n))",
+        B,
+    )
+    assert size <= TMP
+
+
+STDERR_FILLER = """
+log = _log_fd()
+chunk = b'x' * (1 << 20)
+written, stop = 0, None
+try:
+    for _ in range(2 * WORKSPACE_MIB):
+        written += os.write(log, chunk)
+except OSError as e:
+    stop = errno.errorcode[e.errno]
+size = os.fstat(log).st_size
+os.ftruncate(log, 0)
+print(json.dumps([stop, written, size]))
+"""
+
+
+async def test_fill_host_disk_through_the_inherited_stderr_log(host: Host) -> None:
+    """The stderr log lives on the host's disk, outside every sandbox mount: writing to it
+    directly is bounded by the per-file limit (RLIMIT_FSIZE, the workspace size)."""
+    code = PRELUDE + STDERR_FILLER.replace("WORKSPACE_MIB", str(WORKSPACE // MIB))
+    stop, written, size = await py(host, code, B)
+    assert stop == "EFBIG", (stop, written, size)
+    assert written <= WORKSPACE and size <= WORKSPACE
+    await answers(host, A)
+
+
+# -- the kernel's sockets and run directory -------------------------------------------------------
+
+
+def run_dir(host: Host, sid: str) -> Path:
+    """The kernel's run directory, shown to it at /run/corral."""
+    path: Path = host.service.sessions.sessions[sid].kernels["python"].run_dir
+    return path
+
+
+def host_dir(host: Host, sid: str) -> Path:
+    """The host-only directory the kernel's sockets are moved to, and the client uses."""
+    path: Path = host.service.sessions.sessions[sid].kernels["python"].manager.host_dir
+    return path
+
+
+async def test_connect_to_another_sessions_kernel_sockets(host: Host) -> None:
+    await answers(host, B)
+    other = run_dir(host, B)
+    sockets = host_dir(host, B)
+    names = sorted(p.name for p in sockets.iterdir())
+    assert sum(name.startswith("k-") for name in names) == 5, names
+    other_workspace = host.service.get_session(B).workspace
+    (other_workspace / "b-only.txt").write_text("b")
+    targets = {f"B {name}": sockets / name for name in names}
+    targets.update({f"B run dir {p.name}": p for p in other.iterdir()})
+    targets.update({f"egress {p.name}": p for p in (host.settings.run_root / "egress").iterdir()})
+    ops = {
+        label: f"socket.socket(socket.AF_UNIX).connect({str(path)!r})"
+        for label, path in targets.items()
+    }
+    ops["B workspace"] = f"open({str(other_workspace / 'b-only.txt')!r}).read()"
+    ops["B file in own workspace"] = "open('/workspace/b-only.txt').read()"
+    got = await outcomes(host, ops)
+    assert got == dict.fromkeys(ops, "ENOENT"), got
+    own = await py(host, "import json, os\nprint(json.dumps(sorted(os.listdir('/run/corral'))))")
+    assert own == sorted(p.name for p in run_dir(host, A).iterdir())
+    assert not set(own) & {"b-only.txt", other.name}
+
+
+async def test_restart_after_replacing_kernel_sockets_with_a_link_and_a_file(host: Host) -> None:
+    await answers(host, B)
+    old = run_dir(host, B)
+    with unix_listener(host.secret.parent / "service.sock") as listener:
+        listener_path = listener.getsockname()
+        planted = await py(
+            host,
+            "import glob, json, os\n"
+            "ports = json.load(open('/run/corral/sandbox.json'))\n"
+            "names = sorted(f'/run/corral/k-{ports[k]}' for k in ports if k.endswith('_port'))\n"
+            f"os.symlink({listener_path!r}, names[0])\n"
+            f"os.symlink({str(host.secret)!r}, names[1])\n"
+            "open(names[2], 'w').write('not a socket')\n"
+            "print(json.dumps(names))",
+            B,
+        )
+        assert len(planted) == 5
+        await host.service.restart_session(B)
+        await answers(host, B)
+        new = run_dir(host, B)
+        assert new != old and not old.exists()  # a fresh run directory; the old one removed
+        assert all(p.is_socket() for p in host_dir(host, B).glob("k-*"))
+        assert pending_connections(listener) == 0  # the host never connected through a link
+    assert host.secret.read_text() == SECRET + "\n"
+
+
+async def test_plant_a_connection_file_in_the_run_directory(host: Host) -> None:
+    await answers(host, B)
+    kernel = host.service.sessions.sessions[B].kernels["python"]
+    key = kernel.manager.session.key
+    old = run_dir(host, B)
+    fake = {
+        "key": "planted",
+        "ip": str(host.secret.parent / "k"),
+        "transport": "ipc",
+        "shell_port": 1,
+        "iopub_port": 2,
+        "stdin_port": 3,
+        "hb_port": 4,
+        "control_port": 5,
+        "signature_scheme": "hmac-sha256",
+    }
+    await py(
+        host,
+        "import json, os\n"
+        f"open('/run/corral/kernel.json.new', 'w').write({json.dumps(fake)!r})\n"
+        "os.replace('/run/corral/kernel.json.new', '/run/corral/kernel.json')\n"
+        "os.unlink('/run/corral/sandbox.json')\n"
+        f"os.symlink({str(host.secret)!r}, '/run/corral/sandbox.json')\n"
+        "print('null')",
+        B,
+    )
+    await answers(host, B)  # the running kernel's client never rereads the file
+    assert kernel.manager.session.key == key
+    await host.service.restart_session(B)
+    await answers(host, B)
+    new = run_dir(host, B)
+    assert new != old and not old.exists()
+    assert not (new / "kernel.json").exists()  # the host's file is never where the sandbox writes
+    info = json.loads((host_dir(host, B) / "kernel.json").read_text())
+    assert info["key"] not in ("planted", key.decode())
+    assert info["ip"] == str(host_dir(host, B) / "k")
+    assert host.service.sessions.sessions[B].kernels["python"].manager.session.key != b"planted"
+
+
+async def test_make_the_host_reconnect_through_a_planted_socket_link(host: Host) -> None:
+    """The kernel's sockets live in a directory the sandbox can write. If the host's
+    client reconnects by path after the kernel goes away, it must not follow a link the
+    sandbox put there to a host socket of its choosing (DESIGN 7: links are never read
+    through; architecture: the run directory may hold links placed to make the server
+    connect elsewhere)."""
+    await answers(host, B)
+    with unix_listener(host.secret.parent / "agent.sock") as listener:
+        target = listener.getsockname()
+        result = await execute(
+            host,
+            "import glob, os\n"
+            "for name in glob.glob('/run/corral/k-*'):\n"
+            f"    os.unlink(name); os.symlink({target!r}, name)\n"
+            "os._exit(0)",
+            B,
+        )
+        assert result.status == "died", result.text()
+        await asyncio.sleep(0.5)
+        connections = pending_connections(listener)
+        await answers(host, B)  # a fresh kernel in a fresh run directory
+        connections += pending_connections(listener)
+    assert connections == 0, (
+        f"the server connected {connections} times to the host socket {target} "
+        "through links planted in the kernel's run directory"
+    )
+
+
+# -- what the sandbox is --------------------------------------------------------------------------
+
+
+DEV_NAMES = set(
+    [
+        "core",
+        "fd",
+        "full",
+        "null",
+        "ptmx",
+        "pts",
+        "random",
+        "shm",
+        "stderr",
+        "stdin",
+        "stdout",
+        "tty",
+        "urandom",
+        "zero",
+    ]
+)
+
+
+async def test_find_sys_and_host_devices(host: Host) -> None:
+    seen = await py(
+        host,
+        "import json, os\n"
+        "e = os.path.exists\n"
+        "print(json.dumps([e('/sys'), sorted(os.listdir('/dev')),\n"
+        "    e('/dev/vda'), e('/dev/kmsg'), e('/dev/mem')]))",
+    )
+    sys_exists, dev, block, kmsg, mem = seen
+    assert (sys_exists, block, kmsg, mem) == (False, False, False, False)
+    assert set(dev) <= DEV_NAMES, dev
+
+
+async def test_read_the_kernel_log_with_dmesg(host: Host) -> None:
+    rc, out = await command(host, ["dmesg"])
+    assert rc == 1 and "read kernel buffer failed: Operation not permitted" in out, out
+    got = await outcomes(
+        host,
+        {"syslog read all": "_sys(103, 3, _bufp, 64)", "kmsg": "open('/dev/kmsg').read(1)"},
+    )
+    assert got == {"syslog read all": "EPERM", "kmsg": "ENOENT"}
+
+
+async def test_use_kernel_keyrings(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "keyctl get session keyring": "_sys(250, 0, -3, 0)",
+            "add_key": "_sys(248, _p(b'user'), _p(b'esc'), _p(b'x'), 1, -3)",
+            "request_key": "_sys(249, _p(b'user'), _p(b'esc'), 0, 0)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 3, got
+
+
+async def test_load_a_bpf_program(host: Host) -> None:
+    got = await outcomes(
+        host, {"map create": "_sys(321, 0, 0, 0)", "prog load": "_sys(321, 5, 0, 0)"}
+    )
+    assert got == {"map create": "EPERM", "prog load": "EPERM"}
+
+
+async def test_open_a_perf_event(host: Host) -> None:
+    got = await outcomes(host, {"perf_event_open": "_sys(298, 0, 0, -1, -1, 0)"})
+    assert got == {"perf_event_open": "EPERM"}
+
+
+async def test_create_a_userfaultfd(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {"userfaultfd": "_sys(323, 0)", "dev node": "os.open('/dev/userfaultfd', os.O_RDWR)"},
+    )
+    assert got == {"userfaultfd": "EPERM", "dev node": "ENOENT"}
+
+
+async def test_set_up_io_uring(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "io_uring_setup": "_sys(425, 8, _bufp)",
+            "io_uring_enter": "_sys(426, 0, 1, 0, 0, 0, 0)",
+            "io_uring_register": "_sys(427, 0, 0, 0, 0)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 3, got
+
+
+async def test_kexec_module_loading_and_reboot(host: Host) -> None:
+    got = await outcomes(
+        host,
+        {
+            "kexec_load": "_sys(246, 0, 0, 0, 0)",
+            "kexec_file_load": "_sys(320, -1, -1, 0, 0, 0)",
+            "init_module": "_sys(175, 0, 0, _p(b''))",
+            "finit_module": "_sys(313, -1, _p(b''), 0)",
+            "delete_module": "_sys(176, _p(b'ext4'), 0)",
+            "reboot": "_sys(169, 0xfee1dead, 672274793, 0x4321FEDC, 0)",
+            "swapon": "_sys(167, _p(b'/tmp/swap'), 0)",
+            "open_by_handle_at": "_sys(304, -100, 0, 0)",
+        },
+    )
+    assert got == dict.fromkeys(got, "EPERM") and len(got) == 8, got
+
+
+async def test_write_global_kernel_settings_through_proc_sys(host: Host) -> None:
+    """Global sysctls (core_pattern runs a program as host root on the next crash) must not
+    open for writing. Only the open is tried: nothing is ever written."""
+    paths = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/kernel/sysrq",
+        "/proc/sys/vm/overcommit_memory",
+        "/proc/sys/fs/protected_symlinks",
+        "/proc/sysrq-trigger",
+    ]
+    got = await outcomes(
+        host, {path: f"os.close(os.open({path!r}, os.O_WRONLY))" for path in paths}
+    )
+    assert got["/proc/sysrq-trigger"] in ("ENOENT", "EROFS", "EACCES"), got
+    opened = sorted(path for path in paths if got[path] == "ok")
+    assert opened == [], (
+        f"the sandbox can open host-global kernel settings for writing: {opened} "
+        f"(its uid maps to host uid {os.getuid()}, and /proc/sys is not read-only)"
+    )
+
+
+async def test_sandbox_user_is_no_more_than_the_server_user_outside(host: Host) -> None:
+    """One uid is mapped: the sandbox's 1000 is the server's own uid outside, nothing else.
+    Under a root server that is host uid 0 without any capability; what uid 0 could still do
+    by file mode alone (sysctls, /proc/sysrq-trigger) is closed by a read-only, masked /proc
+    (see test_write_global_kernel_settings_through_proc_sys)."""
+    maps = await py(
+        host,
+        "import json, os\n"
+        "print(json.dumps([open('/proc/self/uid_map').read(), open('/proc/self/gid_map').read(),"
+        " os.getuid(), os.geteuid()]))",
+    )
+    uid_map, gid_map, uid, euid = maps
+    assert (uid, euid) == (1000, 1000)
+    assert [line.split() for line in uid_map.splitlines()] == [["1000", str(os.getuid()), "1"]]
+    assert [line.split() for line in gid_map.splitlines()] == [["1000", str(os.getgid()), "1"]]
+
+
+async def test_use_capabilities(host: Host) -> None:
+    status = await py(
+        host,
+        "import json\n"
+        "print(json.dumps(dict(l.rstrip('\\n').split(':\\t') for l in open('/proc/self/status')"
+        " if l.startswith(('Cap', 'NoNewPrivs', 'Seccomp')))))",
+    )
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert status[name] == "0000000000000000", status
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2", status
+    got = await outcomes(
+        host,
+        {
+            "setuid 0": "os.setuid(0)",
+            "chown": "os.chown('/workspace', 0, 0)",
+            "setgroups": "os.setgroups([0])",
+        },
+    )
+    # uid 0 has no mapping inside (EINVAL); groups are fixed in a user namespace (EPERM).
+    assert got == {"setuid 0": "EINVAL", "chown": "EINVAL", "setgroups": "EPERM"}
