@@ -43,6 +43,9 @@ class RunExtras:
 
 @dataclass
 class SessionRun:
+    """One session's run: opened with its first kernel (`SessionManager._open_run`), closed
+    with its last."""
+
     box: LimitBox
     watchdog: asyncio.Task[None]
     bridge: AgentBridge | None = None
@@ -73,7 +76,7 @@ class SessionRun:
         return RunExtras(tuple(binds), tuple(env), tuple(launcher))
 
     async def close(self) -> list[str]:
-        """Tear everything down; returns what the closers report (changed protected files)."""
+        """Tear everything down; returns the protected files the sandbox changed or created."""
         self.watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.watchdog
