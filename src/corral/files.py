@@ -347,10 +347,11 @@ def _map_os_error(exc: OSError, path: str) -> CorralError | None:
 
 
 def _entry(path: str, info: os.stat_result) -> FileEntry:
-    return FileEntry(path, _kind(info.st_mode), info.st_size, info.st_mtime)
+    return FileEntry(path, kind_of(info.st_mode), info.st_size, info.st_mtime)
 
 
-def _kind(mode: int) -> Kind:
+def kind_of(mode: int) -> Kind:
+    """What an `lstat` mode is: a file, a directory, a link, or something else."""
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):

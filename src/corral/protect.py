@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Literal
 
 from corral.errors import InvalidInput
+from corral.files import Kind as FileType
+from corral.files import kind_of
 
 DEFAULT_PROTECTED = (
     ".claude/settings.json",
@@ -71,7 +73,6 @@ _CHUNK_BYTES = 1024 * 1024
 _STRICTNESS = {"readonly": 0, "hooks": 1, "copy": 2}
 
 Kind = Literal["readonly", "hooks", "copy"]
-FileType = Literal["file", "dir", "link", "other"]
 
 _LINK_FILE = "is a symbolic link; protected files must be regular files (review it on the host)"
 _LINK_DIR = (
@@ -99,7 +100,7 @@ class Stamp:
     @classmethod
     def of(cls, info: os.stat_result) -> Stamp:
         return cls(
-            _type(info.st_mode),
+            kind_of(info.st_mode),
             info.st_dev,
             info.st_ino,
             info.st_size,
@@ -336,7 +337,7 @@ class _Scanner:
             self.dev = os.fstat(fd).st_dev
             top = _lstat_at(fd, ".git")
             if top is not None:  # first, so no entry budget can leave it out
-                self._dot_git(fd, ".git", _type(top.st_mode))
+                self._dot_git(fd, ".git", kind_of(top.st_mode))
             for rel in (*DEFAULT_PROTECTED, *extras):
                 self._protected_name(fd, rel)
             self._directory(fd, "", depth=0)
@@ -820,7 +821,7 @@ def _tree_fingerprints(
             hint = None if expected is None else expected.get(rel)
             out[rel] = _fingerprint_at(fd, name, hint)
             continue
-        out[rel] = Fingerprint(_type(info.st_mode), 0, stat.S_IMODE(info.st_mode), "")
+        out[rel] = Fingerprint(kind_of(info.st_mode), 0, stat.S_IMODE(info.st_mode), "")
         if stat.S_ISDIR(info.st_mode) and depth < MAX_DEPTH:
             child = _open_dir_at(fd, name)
             if child is not None:
@@ -851,7 +852,7 @@ def _fingerprint_at(parent: int, name: str, hint: Fingerprint | None) -> Fingerp
 
 def _fingerprint_fd(fd: int, hint: Fingerprint | None) -> Fingerprint:
     info = os.fstat(fd)
-    kind = _type(info.st_mode)
+    kind = kind_of(info.st_mode)
     mode = stat.S_IMODE(info.st_mode)
     if kind != "file":
         return Fingerprint(kind, 0, mode, "")
@@ -900,16 +901,6 @@ def _entry_type(entry: os.DirEntry[str]) -> FileType | None:
             return "file"
     except OSError:
         return None
-    return "other"
-
-
-def _type(mode: int) -> FileType:
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "link"
     return "other"
 
 
