@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from corral.audit import MAX_CODE_BYTES, MAX_QUERY_LIMIT, ROTATE_EVERY_WRITES, AuditLog
+from corral.config import Settings
 from corral.errors import InvalidInput, SandboxError
+from corral.service import Service
 from corral.store import SessionRecord, Store
 
 
@@ -355,3 +357,34 @@ def test_limits_must_be_positive(db_path: Path) -> None:
         AuditLog(db_path, max_rows=0)
     with pytest.raises(InvalidInput):
         AuditLog(db_path, max_age_s=0)
+
+
+@pytest.mark.bwrap
+async def test_the_service_writes_records_in_order_and_reads_them_all(settings: Settings) -> None:
+    """Records are written by one thread behind the calls; a read sees every earlier one."""
+    async with Service(settings) as service:
+        await service.create_session("ordered")
+        for n in range(12):
+            await service.execute(f"{n}", session_id="ordered")
+        page = service.audit_page(kind="execution", session="ordered", limit=50)
+        codes = [entry["code"] for entry in reversed(page["entries"])]
+        assert codes == [str(n) for n in range(12)]
+
+
+@pytest.mark.bwrap
+async def test_a_locked_audit_database_never_holds_up_an_execution(settings: Settings) -> None:
+    async with Service(settings) as service:
+        await service.create_session("unheld")
+        holder = sqlite3.connect(settings.db_path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            started = time.monotonic()
+            result = await service.execute("print('ran')", session_id="unheld")
+            answered = time.monotonic() - started
+        finally:
+            holder.execute("COMMIT")
+            holder.close()
+        assert result.stdout == "ran\n"
+        entries = service.audit_page(kind="execution", session="unheld")["entries"]
+        assert [entry["code"] for entry in entries] == ["print('ran')"]
+        print(f"execution answered in {answered:.3f} s while the database was locked")

@@ -22,6 +22,7 @@ on open and every `ROTATE_EVERY_WRITES` writes, never on every write. Code past
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -34,8 +35,11 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
-from corral.errors import InvalidInput, SandboxError
-from corral.store import open_database
+from corral.errors import InvalidInput, SandboxError, StateUnavailable
+from corral.store import database_problem, open_database
+
+# One row's values, in the order of the INSERT in `AuditLog._insert_row`.
+_Row = tuple[Any, ...]
 
 KINDS: Final = ("execution", "session", "admin", "network", "bridge", "protected")
 # "system" is corral acting on its own, e.g. stopping an idle session.
@@ -46,6 +50,7 @@ STATUSES: Final = ("ok", "error", "timeout", "interrupted", "died")
 MAX_CODE_BYTES: Final = 1024 * 1024
 MAX_QUERY_LIMIT: Final = 1000
 ROTATE_EVERY_WRITES: Final = 500
+MAX_PENDING: Final = 1000  # refused entries kept in memory until the database takes them
 
 _log = logging.getLogger(__name__)
 
@@ -132,7 +137,10 @@ class AuditLog:
 
     Every `record*` method returns the new entry's id, raises `InvalidInput` for a malformed
     argument and `SandboxError` when the database refuses the write; the caller decides whether
-    to go on without an audit entry. `at` defaults to now; tests and imports may pass it.
+    to go on without an audit entry. An entry refused because the database is locked or its
+    disk full is also kept in memory (up to `MAX_PENDING`) and written, with its own time,
+    before the next entry the database takes, or at `close`. `at` defaults to now; tests and
+    imports may pass it.
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class AuditLog:
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._writes_since_rotation = 0
+        self._pending: list[_Row] = []  # entries the database refused, oldest first
         self._db = open_database(path, _SCHEMA, "the audit log")
         try:
             self.rotate()
@@ -316,8 +325,24 @@ class AuditLog:
             raise SandboxError(f"cannot rotate the audit log: {exc}") from exc
         return removed
 
+    @property
+    def pending(self) -> int:
+        """How many refused entries wait in memory for the database to take them."""
+        return len(self._pending)
+
     def close(self) -> None:
+        """Write the entries kept from refused writes (one try), then close."""
         with self._lock:
+            if self._pending:
+                last = self._pending.pop()
+                try:
+                    self._write_locked(last)
+                except sqlite3.Error as exc:
+                    _log.error(
+                        "the audit log lost %d refused entries at close: %s",
+                        len(self._pending) + 1,
+                        database_problem(exc),
+                    )
             self._db.close()
 
     def __enter__(self) -> AuditLog:
@@ -363,24 +388,59 @@ class AuditLog:
             status,
             output_bytes,
         )
-        try:
-            with self._lock:
-                cursor = self._db.execute(
-                    "INSERT INTO audit(at, kind, session, actor, action, target, detail, "
-                    "language, code, duration_s, status, output_bytes) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    params,
-                )
-                self._writes_since_rotation += 1
-                due = self._writes_since_rotation >= ROTATE_EVERY_WRITES
-        except (sqlite3.Error, UnicodeEncodeError) as exc:
-            raise SandboxError(f"the audit log refused a {kind} entry: {exc}") from exc
+        with self._lock:
+            try:
+                new_id = self._write_locked(params)
+            except sqlite3.OperationalError as exc:  # locked, busy, full: may pass later
+                self._keep_locked(params)
+                raise StateUnavailable(
+                    f"the audit log refused a {kind} entry: {database_problem(exc)} "
+                    "(kept in memory; written with the next entry the database takes)"
+                ) from exc
+            except (sqlite3.Error, UnicodeEncodeError) as exc:
+                raise SandboxError(f"the audit log refused a {kind} entry: {exc}") from exc
+            self._writes_since_rotation += 1
+            due = self._writes_since_rotation >= ROTATE_EVERY_WRITES
         if due:
             self._rotate_quietly()
-        new_id = cursor.lastrowid
-        if new_id is None:  # only after a non-INSERT statement, so never here
-            raise SandboxError(f"the audit log returned no id for a {kind} entry")
         return new_id
+
+    def _write_locked(self, params: _Row) -> int:
+        """Insert the entries kept from refused writes, then `params`, in one transaction."""
+        if not self._pending:
+            return self._insert_row(params)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for kept in self._pending:
+                self._insert_row(kept)
+            new_id = self._insert_row(params)
+            self._db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise
+        _log.warning("the audit log took %d entries it had refused before", len(self._pending))
+        self._pending.clear()
+        return new_id
+
+    def _insert_row(self, params: _Row) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO audit(at, kind, session, actor, action, target, detail, "
+            "language, code, duration_s, status, output_bytes) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            params,
+        )
+        if cursor.lastrowid is None:  # only after a non-INSERT statement, so never here
+            raise SandboxError("the audit log returned no id for an entry")
+        return cursor.lastrowid
+
+    def _keep_locked(self, params: _Row) -> None:
+        """Keep a refused entry for the next write (a locked database, a full disk), up to
+        `MAX_PENDING`; past that the oldest kept entries are dropped, and the log says so."""
+        self._pending.append(params)
+        if len(self._pending) > MAX_PENDING:
+            del self._pending[0]
+            _log.error("the audit log dropped an entry: %d refused entries wait", MAX_PENDING)
 
     def _rotate_quietly(self) -> None:
         # The entry is already written; a failed rotation is retried after the next batch.

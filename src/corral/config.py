@@ -64,6 +64,9 @@ class Settings:
     max_body_bytes: int = 10 * MIB
     max_upload_bytes: int = 100 * MIB
     allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated
+    pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none
+    pool_memory_bytes: int = 512 * MIB  # what the ready kernels may hold together (their PSS)
+    pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
 
     def default_limits(self) -> Limits:
         """The limits a new session starts with; the operator may change them per session."""
@@ -113,6 +116,7 @@ class Settings:
         return replace(settings, **overrides)  # type: ignore[arg-type]
 
 
+ZERO_ALLOWED = frozenset({"pool_size"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Set by corral itself inside the sandbox, or able to change how it loads code.
 RESERVED_ENV = frozenset(
@@ -152,6 +156,8 @@ def _parse(name: str, raw: str, default: object) -> object:
             return raw
     except ValueError as exc:
         raise InvalidInput(f"CORRAL_{name.upper()}={raw!r} is not a number") from exc
+    if name in ZERO_ALLOWED and value == 0:
+        return value
     return _positive(name, raw, value)
 
 

@@ -79,6 +79,14 @@ class SandboxUnavailable(SandboxError):
     """bwrap, user namespaces or seccomp are missing or refused on this host."""
 
 
+class StateUnavailable(SandboxError):
+    """The state database stayed locked or its disk is full: try again later."""
+
+
+class ShuttingDown(SandboxUnavailable):
+    """The server is stopping: the call was not run; send it again once the server is back."""
+
+
 class KernelStartFailed(SandboxError):
     """A kernel did not come up inside its sandbox."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -43,6 +44,9 @@ class Service:
         self.settings = settings
         self.sessions = SessionManager(settings)
         self.audit = AuditLog(settings.db_path)
+        # One thread writes the audit log, in the order records are made: a slow or locked
+        # database never holds up the event loop, and no call waits for its record.
+        self._audit_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-audit")
         self.network = Network(
             settings,
             self.sessions.store,
@@ -67,6 +71,7 @@ class Service:
     ) -> None:
         await self.sessions.close()
         await self.network.close()
+        await asyncio.to_thread(self._audit_writer.shutdown, True)
         self.audit.close()
 
     # -- execution -----------------------------------------------------------------------
@@ -88,6 +93,10 @@ class Service:
         self._audit_execution(result, code, actor)
         return result
 
+    def begin_shutdown(self) -> None:
+        """The server is stopping: interrupt running calls, refuse queued and new ones."""
+        self.sessions.begin_shutdown()
+
     async def cancel(self, call: asyncio.Future[ExecutionResult]) -> None:
         """The caller of `call` (an `execute` task) went away: interrupt or drop it."""
         await self.sessions.cancel(call)
@@ -100,11 +109,13 @@ class Service:
             self.sessions.get(session_id)
 
     def _audit(self, what: str, write: Callable[[], object]) -> None:
-        """Write one audit record; a refusal is logged, never lets the caller's action fail."""
-        try:
-            write()
-        except CorralError:
-            log.exception("the audit log refused %s record", what)
+        """Queue one audit record for the writer thread; a refusal is logged there and never
+        lets the caller's action fail."""
+        self._audit_writer.submit(_write_audit, what, write)
+
+    def _audit_written(self) -> None:
+        """Wait until every record queued so far is in the database (before reading it)."""
+        self._audit_writer.submit(lambda: None).result()
 
     def _audit_execution(self, result: ExecutionResult, code: str, actor: str) -> None:
         self._audit(
@@ -339,6 +350,14 @@ class Service:
         before_id: int | None = None,
         limit: int = 100,
     ) -> dict[str, Any]:
+        self._audit_written()
         return self.audit.query(
             kind=kind, session=session, before_id=before_id, limit=limit
         ).to_dict()
+
+
+def _write_audit(what: str, write: Callable[[], object]) -> None:
+    try:
+        write()
+    except CorralError:
+        log.exception("the audit log refused %s record", what)

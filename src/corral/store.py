@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.errors import SandboxError
+from corral.errors import SandboxError, StateUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -67,6 +67,22 @@ class NetRequest:
         return dict(self.__dict__)
 
 
+BUSY_TIMEOUT_S = 10.0  # how long a write waits for another connection's lock
+
+
+def database_problem(exc: sqlite3.Error) -> str:
+    """What a refused database call means, in words an operator can act on."""
+    code = _error_code(exc)
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return (
+            f"the state database stayed locked by another connection for {BUSY_TIMEOUT_S:g} s; "
+            "try again"
+        )
+    if code == sqlite3.SQLITE_FULL:
+        return "the disk holding the state directory is full; free space there"
+    return str(exc)
+
+
 def open_database(path: Path, schema: str, what: str) -> sqlite3.Connection:
     """An autocommit connection to `path` in WAL mode with `schema` applied.
 
@@ -74,14 +90,16 @@ def open_database(path: Path, schema: str, what: str) -> sqlite3.Connection:
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        db = sqlite3.connect(path, timeout=10, check_same_thread=False, isolation_level=None)
+        db = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None
+        )
         db.execute("PRAGMA journal_mode=WAL")
         # WAL with NORMAL sync: a power cut may lose the last writes, never corrupt.
         db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=10000")
+        db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         db.executescript(schema)
     except sqlite3.Error as exc:
-        raise SandboxError(f"cannot open {what} in {path}: {exc}") from exc
+        raise SandboxError(f"cannot open {what} in {path}: {database_problem(exc)}") from exc
     return db
 
 
@@ -148,7 +166,7 @@ class Store:
                 (session_id, json.dumps(hosts), reason, now()),
             )
         except sqlite3.Error as exc:
-            raise SandboxError(f"the session database refused a write: {exc}") from exc
+            raise _refused(exc) from exc
         return int(cursor.lastrowid or 0)
 
     def requests(self, status: str | None = None) -> list[NetRequest]:
@@ -173,7 +191,21 @@ class Store:
         try:
             self._db.execute(sql, params)
         except sqlite3.Error as exc:
-            raise SandboxError(f"the session database refused a write: {exc}") from exc
+            raise _refused(exc) from exc
+
+
+def _refused(exc: sqlite3.Error) -> SandboxError:
+    message = f"the session database refused a write: {database_problem(exc)}"
+    return StateUnavailable(message) if _passing(exc) else SandboxError(message)
+
+
+def _passing(exc: sqlite3.Error) -> bool:
+    """A lock held by another connection or a full disk: the same write may pass later."""
+    return _error_code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL)
+
+
+def _error_code(exc: sqlite3.Error) -> int:
+    return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
 
 
 def now() -> float:

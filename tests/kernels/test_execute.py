@@ -10,6 +10,7 @@ import signal
 
 import psutil
 
+from corral.sandbox.profile import SANDBOX_PYTHON_KERNEL
 from corral.service import Service
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -151,7 +152,7 @@ async def test_kernel_killed_from_outside_mid_execution(service: Service) -> Non
     kernels = [
         p
         for p in psutil.Process(bwrap_pid).children(recursive=True)
-        if "ipykernel_launcher" in " ".join(p.cmdline())
+        if p.cmdline()[1:2] == [SANDBOX_PYTHON_KERNEL]
     ]
     assert kernels
     os.kill(kernels[0].pid, signal.SIGKILL)

@@ -62,8 +62,21 @@ async def test_etc_shadow_is_invisible(sandbox: Service) -> None:
 async def test_run_holds_only_the_kernel_run_directory_and_egress_socket(
     sandbox: Service,
 ) -> None:
-    out = await _py(sandbox, "import os; print(sorted(os.listdir('/run')))")
-    assert out == "['corral', 'corral-egress.sock']"
+    out = await _py(
+        sandbox, "import os; print(sorted(os.listdir('/run')), os.listdir('/run/corral-egress'))"
+    )
+    assert out == "['corral', 'corral-egress'] ['egress.sock']"
+
+
+async def test_the_kernel_runs_without_the_debugger_or_a_history_file(sandbox: Service) -> None:
+    """Left out to save memory and a write per cell; the agent can still import debugpy."""
+    out = await _py(
+        sandbox,
+        "import sys; loaded = 'debugpy' in sys.modules or '_pydevd_bundle' in sys.modules\n"
+        "import debugpy; hm = get_ipython().history_manager\n"
+        "print(loaded, hm.enabled, bool(debugpy.__version__), '/opt/corral/bin' in sys.path)",
+    )
+    assert out == "False False True False"
 
 
 async def test_host_tmp_is_invisible(sandbox: Service, host_secret: Path) -> None:

@@ -16,6 +16,7 @@ from corral.egress.protocol import Target
 from corral.egress.proxy import EgressProxy, ProxyLimits, Resolver, system_resolver
 from corral.egress.rules import Decision, Policy, make_policy, parse_entry
 from corral.errors import InvalidInput, NotFound
+from corral.sandbox.profile import EGRESS_SOCKET_NAME
 from corral.store import NetRequest, Store
 
 MAX_REQUEST_HOSTS = 20
@@ -64,11 +65,26 @@ class Network:
         return self.policies.get(session_id, self.default)
 
     async def socket_for(self, session_id: str) -> Path:
-        """The session's proxy socket on the host, listening once this returns."""
-        digest = hashlib.sha256(session_id.encode()).hexdigest()[:16]
-        path = self.settings.run_root / "egress" / f"{digest}.sock"
+        """The session's proxy socket on the host, listening once this returns.
+
+        Each socket sits alone in a directory of its own, which is what a sandbox is shown;
+        a session keeps its path (a pool kernel's, once renamed to it) for its whole life.
+        """
+        current = self.proxy.sessions.get(session_id)
+        if current is not None:
+            path = current.socket_path
+        else:
+            digest = hashlib.sha256(session_id.encode()).hexdigest()[:16]
+            sockets = self.settings.run_root / "egress"
+            sockets.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = sockets / digest / EGRESS_SOCKET_NAME
         await self.proxy.open(session_id, path)
         return path
+
+    def rename(self, old_id: str, new_id: str) -> None:
+        """A warm pool kernel became session `new_id`: its socket now speaks for that
+        session, under that session's policy, from the next connection on."""
+        self.proxy.rename(old_id, new_id)
 
     async def forget(self, session_id: str) -> None:
         """The session is deleted: stop its proxy and drop its policy (a new session with the

@@ -59,12 +59,23 @@ class SessionEgress:
     session_id: str
     socket_path: Path
     server: asyncio.Server | None = None
+    inode: int = 0  # of the socket file this server listens on
     active: int = 0
     connections: int = 0
     refused: int = 0
     bytes_out: int = 0
     bytes_in: int = 0
     tunnels: set[_Tunnel] = field(default_factory=set)
+
+    @property
+    def listening(self) -> bool:
+        """Serving, and the socket file at `socket_path` is still the one it bound."""
+        if self.server is None or not self.server.is_serving():
+            return False
+        try:
+            return os.lstat(self.socket_path).st_ino == self.inode
+        except FileNotFoundError:
+            return False
 
     def stats(self) -> dict[str, int]:
         return {
@@ -104,35 +115,82 @@ class EgressProxy:
         self.sessions: dict[str, SessionEgress] = {}
 
     async def open(self, session_id: str, socket_path: Path) -> None:
-        """Listen on `socket_path` for `session_id` (idempotent while it listens)."""
-        current = self.sessions.get(session_id)
-        if current is not None and current.server is not None and current.server.is_serving():
+        """Listen on `socket_path` for `session_id`.
+
+        Idempotent while it listens there; when the socket file is gone or is no longer the
+        one it listens on (removed by a clean-up of the run root, say), it listens again at
+        the same path, keeping the session's counters and open tunnels.
+        """
+        egress = self.sessions.get(session_id)
+        if egress is not None and egress.socket_path == socket_path and egress.listening:
             return
-        os.makedirs(socket_path.parent, mode=0o700, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket_path)
-        egress = SessionEgress(session_id, socket_path)
-        egress.server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(egress, r, w), path=str(socket_path)
-        )
-        os.chmod(socket_path, 0o600)
-        self.sessions[session_id] = egress
+        if egress is None or egress.socket_path != socket_path:
+            if egress is not None:
+                self._stop(egress)
+            egress = SessionEgress(session_id, socket_path)
+            self.sessions[session_id] = egress
+        elif egress.server is not None:
+            egress.server.close()
+        await self._listen(egress)
+
+    def rename(self, old_id: str, new_id: str) -> None:
+        """Let the socket of `old_id` speak for `new_id` (a warm pool kernel taken by a new
+        session). Raises `KeyError` when `old_id` has no socket or `new_id` has one."""
+        if new_id in self.sessions:
+            raise KeyError(f"session {new_id} already has an egress socket")
+        egress = self.sessions.pop(old_id)
+        egress.session_id = new_id
+        self.sessions[new_id] = egress
+        self.policy_changed(new_id)
 
     async def close(self, session_id: str) -> None:
-        """Stop listening for the session and cut its tunnels."""
+        """Stop listening for the session, cut its tunnels, and remove its socket and (when
+        empty) the socket's directory."""
         egress = self.sessions.pop(session_id, None)
         if egress is None:
             return
-        if egress.server is not None:
-            egress.server.close()
-        for tunnel in list(egress.tunnels):
-            tunnel.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(egress.socket_path)
+        self._stop(egress)
+        with contextlib.suppress(OSError):
+            os.rmdir(egress.socket_path.parent)
 
     async def close_all(self) -> None:
         for session_id in list(self.sessions):
             await self.close(session_id)
+
+    async def restart(self) -> int:
+        """Stop every listener and cut every tunnel, then listen again at the same paths.
+
+        Sandboxes that are running keep their way out: they see the socket's directory, not
+        the socket, so they find the new one. Connections open at the time are closed (their
+        clients see the connection end). Returns how many tunnels were cut.
+        """
+        cut = 0
+        for egress in list(self.sessions.values()):
+            cut += len(egress.tunnels)
+            self._stop(egress)
+            await self._listen(egress)
+        return cut
+
+    async def _listen(self, egress: SessionEgress) -> None:
+        path = egress.socket_path
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        egress.server = await asyncio.start_unix_server(
+            lambda r, w: self._serve(egress, r, w), path=str(path)
+        )
+        os.chmod(path, 0o600)
+        egress.inode = os.lstat(path).st_ino
+
+    def _stop(self, egress: SessionEgress) -> None:
+        if egress.server is not None:
+            egress.server.close()
+            egress.server = None
+        for tunnel in list(egress.tunnels):
+            tunnel.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(egress.socket_path).st_ino == egress.inode:
+                os.unlink(egress.socket_path)
 
     def policy_changed(self, session_id: str) -> int:
         """Re-check the session's open tunnels; close and count those no longer allowed."""

@@ -73,6 +73,9 @@ class SandboxedKernel:
             reason = self.stderr_tail() or str(exc)
             await self.stop()
             raise KernelStartFailed(f"the {self.language} kernel did not start: {reason}") from exc
+        except BaseException:  # cancelled (the server closing, say): leave nothing running
+            await self.stop()
+            raise
 
     async def _wait_for_sockets(self, timeout_s: float) -> None:
         """Wait until the kernel has bound all five sockets, then move them out of its reach.

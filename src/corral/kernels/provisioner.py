@@ -25,14 +25,13 @@ from corral.errors import KernelStartFailed
 from corral.sandbox.boxes import GATE_ARGV, LimitBox
 from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
+from corral.sandbox.profile import PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL
 from corral.sandbox.seccomp import filter_fd
 
 PROVISIONER_NAME = "corral-sandbox"
 SOCKET_PREFIX = "k"
 HOST_CONNECTION_FILE = "kernel.json"
 SANDBOX_CONNECTION_FILE = "sandbox.json"
-
-KERNEL_MODULES = {"python": "ipykernel_launcher", "bash": "bash_kernel"}
 
 
 def kernel_spec(
@@ -42,8 +41,12 @@ def kernel_spec(
 
     `launcher` is a command prefix that execs the kernel (the egress forwarder).
     """
+    if language == "python":
+        entry = [SANDBOX_PYTHON_KERNEL if sandboxed else str(PYTHON_KERNEL)]
+    else:
+        entry = ["-m", "bash_kernel"]
     spec = KernelSpec(
-        argv=[*(launcher or []), python, "-m", KERNEL_MODULES[language], "-f", "{connection_file}"],
+        argv=[*(launcher or []), python, *entry, "-f", "{connection_file}"],
         display_name=f"corral {language}",
         language=language,
         interrupt_mode="message",

@@ -27,15 +27,19 @@ from corral.errors import (
     InvalidInput,
     KernelStartFailed,
     KernelUnreachable,
+    SandboxError,
     SessionExists,
     SessionNotFound,
+    ShuttingDown,
     TooManySessions,
 )
 from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
 from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.pool import PoolConfig, WarmPool
 from corral.kernels.projects import PreparedMount, choose_mounts, prepare_mounts
 from corral.kernels.results import ExecutionResult, Limit
 from corral.kernels.run import SessionRun, open_bridge
+from corral.kernels.warm import WarmSession, empty_or_missing, move_folders, tree_pss
 from corral.mounts import configured_mounts, overlapping
 from corral.protect import validate_protected_names
 from corral.sandbox.boxes import Counters, LimitBox, describe_hit, make_box, sweep_stale_v1
@@ -66,6 +70,8 @@ class EgressSockets(Protocol):
 
     async def forget(self, session_id: str) -> None: ...
 
+    def rename(self, old_id: str, new_id: str) -> None: ...
+
 
 def validate_session_id(value: object) -> str:
     """`value` if it is a valid session id; raises `InvalidInput` otherwise."""
@@ -94,6 +100,7 @@ class SessionInfo:
     kernels: tuple[str, ...]
     workspace: Path
     mounts: tuple[str, ...] = ()
+    from_pool: bool = False  # its python kernel came ready from the warm pool
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +110,7 @@ class SessionInfo:
             "last_used_at": self.last_used_at,
             "kernels": list(self.kernels),
             "mounts": list(self.mounts),
+            "from_pool": self.from_pool,
         }
 
 
@@ -122,6 +130,7 @@ class Session:
         self.failed: str | None = None
         self.lost: set[str] = set()  # languages whose kernel died since the last call
         self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
+        self.from_pool = False
 
     @property
     def box(self) -> LimitBox | None:
@@ -150,6 +159,7 @@ class Session:
             kernels=tuple(sorted(self.kernels)),
             workspace=self.paths.workspace,
             mounts=tuple(self.options.get("mounts", ())),
+            from_pool=self.from_pool,
         )
 
 
@@ -181,6 +191,14 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None
+        self.closing = False  # set by begin_shutdown: no new execution starts
+        self._interrupts: set[asyncio.Task[None]] = set()
+        self.pool: WarmPool[WarmSession] = WarmPool(
+            PoolConfig(settings.pool_size, settings.pool_memory_bytes, settings.pool_idle_s),
+            self._spawn_warm,
+            self._discard_warm,
+            self._room,
+        )
 
     async def open(self) -> None:
         """Load stored sessions (all stopped now) and start the idle reaper."""
@@ -194,9 +212,12 @@ class SessionManager:
             record.state = "stopped"
             self.sessions[record.id] = self._session(record, options.get(record.id, {}))
         self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
+        await asyncio.to_thread(shutil.rmtree, self._pool_dir, True)  # left by a crash
+        self.pool.start()
 
     async def close(self) -> None:
         """Stop every kernel; workspaces and records stay."""
+        await self.pool.close()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -286,6 +307,11 @@ class SessionManager:
         session = self.session_for(session_id)
         queued = time.monotonic()
         async with session.lock:
+            if self.closing:
+                raise ShuttingDown(
+                    "the server is shutting down and did not run this code; send it again "
+                    "once the server is back"
+                )
             session.current_call = (_current_task(), language)
             try:
                 return await self._execute_locked(
@@ -320,8 +346,24 @@ class SessionManager:
         if not outcome.kernel_usable:
             await self._after_kernel_loss(session, language, outcome.result)
         outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
+        if self.closing and outcome.result.status == "interrupted":
+            note = "interrupted because the server is shutting down"
+            message = outcome.result.message
+            outcome.result.message = f"{note}; {message}" if message else note
         self._touch(session)
         return outcome.result
+
+    def begin_shutdown(self) -> None:
+        """Refuse executions not yet started and interrupt the running ones, which then end
+        with their result (status interrupted) before the server closes."""
+        self.closing = True
+        for session in self.sessions.values():
+            call = session.current_call
+            kernel = session.kernels.get(call[1]) if call is not None else None
+            if kernel is not None:
+                task = asyncio.create_task(kernel.interrupt())
+                self._interrupts.add(task)
+                task.add_done_callback(self._interrupts.discard)
 
     async def cancel(self, task: asyncio.Future[Any]) -> None:
         """Stop an `execute` call whose caller went away.
@@ -446,14 +488,8 @@ class SessionManager:
             self._check_capacity()
         session.starting = True
         try:
-            create_session_env(session.paths.env, self.runtime)
-            socket = None
-            if self.egress is not None:
-                socket = await self.egress.socket_for(session.record.id)
-            run = await self._open_run(session)
-            kernel = self._new_kernel(session, language, run, socket)
-            await self._start_beside_siblings(session, run, kernel)
-            session.kernels[language] = kernel
+            if not await self._take_warm(session, language):
+                await self._launch(session, language)
             session.failed = self.last_start_failure = None
         except Exception as exc:
             session.failed = str(exc)
@@ -465,6 +501,96 @@ class SessionManager:
             if not session.kernels:
                 await self._close_run(session)
             self._save(session)
+
+    async def _launch(self, session: Session, language: str) -> None:
+        """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
+        session.from_pool = False
+        create_session_env(session.paths.env, self.runtime)
+        socket = None
+        if self.egress is not None:
+            socket = await self.egress.socket_for(session.record.id)
+        run = await self._open_run(session)
+        kernel = self._new_kernel(session, language, run, socket)
+        await self._start_beside_siblings(session, run, kernel)
+        session.kernels[language] = kernel
+
+    # -- the warm pool ---------------------------------------------------------------------
+
+    @property
+    def _pool_dir(self) -> Path:
+        return self.settings.sessions_dir / ".pool"  # never a session id: ids start alnum
+
+    def _room(self) -> int:
+        running = sum(1 for session in self.sessions.values() if session.running)
+        return self.settings.max_sessions - running
+
+    async def _spawn_warm(self) -> WarmSession:
+        """Start one pool kernel under its own identity, in its own folders."""
+        slot = f"@pool-{secrets.token_hex(4)}"
+        root = self._pool_dir / slot
+        created = now()
+        paths = SessionPaths(workspace=root / "workspace", env=root / "env")
+        session = Session(
+            SessionRecord(slot, created, created, "stopped"),
+            paths,
+            self.settings.default_limits(),
+            {},
+        )
+        warm = WarmSession(session)
+        try:
+            paths.workspace.mkdir(mode=0o700, parents=True)
+            await self._launch(session, "python")
+            pid = session.kernels["python"].pid
+            warm.memory_bytes = await asyncio.to_thread(tree_pss, pid) if pid else 0
+        except BaseException:
+            await self._discard_warm(warm)
+            raise
+        return warm
+
+    async def _discard_warm(self, warm: WarmSession) -> None:
+        await self._stop_kernels(warm.session)
+        await self._close_run(warm.session)
+        if self.egress is not None:
+            await self.egress.forget(warm.session.record.id)
+        root = warm.session.paths.workspace.parent
+        await asyncio.to_thread(shutil.rmtree, root, True)
+
+    def _fits_pool(self, session: Session, language: str) -> bool:
+        """A pool kernel has the default profile: a fresh session that changed nothing."""
+        return (
+            language == "python"
+            and session.run is None
+            and not session.kernels
+            and not session.options
+            and session.limits == self.settings.default_limits()
+            and not session.paths.env.exists()
+            and empty_or_missing(session.paths.workspace)
+        )
+
+    async def _take_warm(self, session: Session, language: str) -> bool:
+        """Give `session` a ready pool kernel when its profile allows; False: start cold."""
+        if not self._fits_pool(session, language):
+            return False
+        warm = await self.pool.take()
+        if warm is None:
+            return False
+        if not self._fits_pool(session, language):
+            self.pool.give_back(warm)  # the session changed while the pool was asked
+            return False
+        try:
+            move_folders(warm.session.paths, session.paths)
+            if self.egress is not None:
+                self.egress.rename(warm.session.record.id, session.record.id)
+        except (OSError, KeyError) as exc:
+            log.warning("could not hand a pool kernel to session %s: %s", session.record.id, exc)
+            session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+            await self._discard_warm(warm)
+            return False
+        session.run, warm.session.run = warm.session.run, None
+        session.kernels.update(warm.session.kernels)
+        warm.session.kernels.clear()
+        session.from_pool = True
+        return True
 
     def _new_kernel(
         self, session: Session, language: str, run: SessionRun, socket: Path | None
@@ -631,10 +757,10 @@ class SessionManager:
     def _register(self, session_id: str) -> Session:
         created = now()
         record = SessionRecord(session_id, created, created, "stopped")
+        self.store.put(record)  # first: a refused write leaves no half-made session
         session = self._session(record, {})
         session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.sessions[session_id] = session
-        self.store.put(record)
         return session
 
     def _session(self, record: SessionRecord, options: dict[str, Any]) -> Session:
@@ -652,8 +778,14 @@ class SessionManager:
         session.record.last_used_at = now()
 
     def _save(self, session: Session) -> None:
+        """Store the session's state. A refused write (database locked, disk full) is logged:
+        the record is written again at its next change and at close, and every session is
+        stopped at the next start anyway, so the caller's action stands."""
         session.record.state = session.state
-        self.store.put(session.record)
+        try:
+            self.store.put(session.record)
+        except SandboxError as exc:
+            log.warning("could not store the state of session %s: %s", session.record.id, exc)
 
 
 def _counters(session: Session) -> Counters:

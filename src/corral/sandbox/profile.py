@@ -71,8 +71,9 @@ def default_policy(
 ) -> SandboxPolicy:
     """The policy for one session's kernels. Reads only which host paths exist.
 
-    With `egress_socket`, the forwarder and that socket are shown inside and the proxy
-    variables point at the forwarder; without it the sandbox has no way out at all.
+    With `egress_socket` (named `EGRESS_SOCKET_NAME`, alone in its directory), the forwarder
+    and that directory are shown inside and the proxy variables point at the forwarder;
+    without it the sandbox has no way out at all.
     `forward_env` holds the host variables the operator chose to pass in (validated names);
     `extra_binds` come last (project mounts and their protected copies, the agent bridge).
     """
@@ -96,6 +97,7 @@ def default_policy(
         binds=(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
+            Bind(PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL),
             *_egress_binds(egress_socket),
             *extra_binds,
         ),
@@ -104,10 +106,18 @@ def default_policy(
 
 
 def _egress_binds(egress_socket: Path | None) -> tuple[Bind, ...]:
+    """The socket's directory (only this sandbox's socket is in it), the forwarder, its relay.
+
+    The directory rather than the socket: a bind pins the inode it was given, so a socket
+    the proxy re-creates at the same path (a restart) would stay unreachable from a sandbox
+    that had the old one bound.
+    """
     if egress_socket is None:
         return ()
+    if egress_socket.name != EGRESS_SOCKET_NAME:
+        raise ValueError(f"the egress socket must be named {EGRESS_SOCKET_NAME}: {egress_socket}")
     return (
-        Bind(egress_socket, SANDBOX_EGRESS_SOCKET),
+        Bind(egress_socket.parent, SANDBOX_EGRESS_DIR),
         Bind(FORWARDER, SANDBOX_FORWARDER),
         Bind(FORWARDER.with_name("relay.py"), SANDBOX_FORWARDER.replace("forwarder", "relay")),
     )
@@ -118,8 +128,12 @@ def egress_launcher(runtime: PythonRuntime) -> list[str]:
     return [runtime.sandbox_python, SANDBOX_FORWARDER, SANDBOX_EGRESS_SOCKET, "--"]
 
 
-SANDBOX_EGRESS_SOCKET = "/run/corral-egress.sock"
+EGRESS_SOCKET_NAME = "egress.sock"
+SANDBOX_EGRESS_DIR = "/run/corral-egress"
+SANDBOX_EGRESS_SOCKET = f"{SANDBOX_EGRESS_DIR}/{EGRESS_SOCKET_NAME}"
 SANDBOX_FORWARDER = "/opt/corral/bin/forwarder.py"
+SANDBOX_PYTHON_KERNEL = "/opt/corral/bin/python_kernel.py"
+PYTHON_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "python_kernel.py"
 FORWARDER = Path(forwarder_module.__file__).resolve()
 _HTTP_PROXY = f"http://127.0.0.1:{forwarder_module.HTTP_PORT}"
 _SOCKS_PROXY = f"socks5h://127.0.0.1:{forwarder_module.SOCKS_PORT}"

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import FrameType
 
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
@@ -126,4 +128,24 @@ def serve(
         timeout_graceful_shutdown=10,
         server_header=False,
     )
-    uvicorn.Server(config).run()
+    _Server(config, service).run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the service first when a signal asks it to stop: running
+    calls are interrupted and queued ones refused, so each ends with an answer rather than
+    being cut at the end of the graceful period."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.loop is not None and not self.should_exit:
+            self.loop.call_soon_threadsafe(self.service.begin_shutdown)
+        super().handle_exit(sig, frame)

@@ -29,7 +29,9 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.CapacityExceeded, 429, "capacity_exceeded"),
     (e.FetchTimedOut, 504, "fetch_timed_out"),
     (e.FetchFailed, 502, "fetch_failed"),
+    (e.ShuttingDown, 503, "shutting_down"),
     (e.SandboxUnavailable, 503, "sandbox_unavailable"),
+    (e.StateUnavailable, 503, "state_unavailable"),
     (e.KernelStartFailed, 503, "kernel_start_failed"),
     (e.SandboxError, 500, "internal_error"),
 )

@@ -55,6 +55,9 @@ class SessionModel(BaseModel):
     last_used_at: float
     kernels: list[str]
     mounts: list[str] = Field(description="The project mounts of the session.")
+    from_pool: bool = Field(
+        description="Its python kernel was taken ready from the warm pool (no cold start)."
+    )
 
 
 class SessionList(BaseModel):

@@ -1,0 +1,205 @@
+"""The warm pool: python kernels with the default profile, started before anyone asks.
+
+A new session whose profile is the default one (no mounts, no bridge, no limit changes)
+takes a ready kernel instead of waiting about a second for a cold start; the pool then
+refills in the background, one kernel at a time. It never holds more kernels than its size
+nor more memory (the kernels' proportional set size, measured when each is ready) than its
+budget, leaves room for the sessions the server may still run, and empties itself when no
+session has been started from it for its idle time.
+
+The pool knows nothing of sandboxes: the session manager gives it `spawn` (start one warm
+kernel) and `discard` (stop one), and takes kernels with `take`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 30.0
+
+
+class WarmKernel(Protocol):
+    """What the pool needs of a kernel it holds."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+    async def alive(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    size: int  # kernels held ready; 0 turns the pool off
+    budget_bytes: int  # memory the ready kernels may hold together
+    idle_s: float  # empty the pool when no session was started from it for this long
+
+
+W = TypeVar("W", bound=WarmKernel)
+
+
+class WarmPool(Generic[W]):
+    """Ready kernels, refilled by one background task. `start()` first, `close()` last."""
+
+    def __init__(
+        self,
+        config: PoolConfig,
+        spawn: Callable[[], Awaitable[W]],
+        discard: Callable[[W], Awaitable[None]],
+        room: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self._spawn = spawn
+        self._discard = discard
+        self._room = room  # how many more sessions the server may run now
+        self.ready: deque[W] = deque()
+        self.estimate_bytes = 0  # the memory of the last kernel measured
+        self.filling = False
+        self.waiting = 0
+        self.taken = 0
+        self.missed = 0
+        self.failures = 0
+        self.last_active = time.monotonic()
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.config.size > 0:
+            self._task = asyncio.create_task(self._fill_forever(), name="corral-warm-pool")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while self.ready:
+            await self._discard(self.ready.popleft())
+
+    # -- taking ----------------------------------------------------------------------------
+
+    async def take(self) -> W | None:
+        """A live ready kernel, or None (start cold). Waits only for a kernel already
+        half-started that no earlier caller is waiting for: it is closer than a cold one."""
+        if self._task is None:
+            return None
+        self.last_active = time.monotonic()
+        self.wake()
+        while True:
+            while self.ready:
+                kernel = self.ready.popleft()
+                if await kernel.alive():
+                    self.taken += 1
+                    self.wake()
+                    return kernel
+                await self._discard(kernel)
+            if not self.filling or self.waiting >= 1:
+                self.missed += 1
+                return None
+            await self._wait_for_change()
+
+    def give_back(self, kernel: W) -> None:
+        """A kernel taken but not used (the session changed meanwhile) goes back first."""
+        self.taken -= 1
+        self.ready.appendleft(kernel)
+        self._changed.set()
+        self.wake()
+
+    async def _wait_for_change(self) -> None:
+        self.waiting += 1
+        try:
+            self._changed.clear()
+            await self._changed.wait()
+        finally:
+            self.waiting -= 1
+
+    # -- filling ---------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look again at what the pool should hold (after a session stopped, for one)."""
+        self._wake.set()
+
+    def target(self) -> int:
+        """How many kernels the pool should hold now."""
+        if time.monotonic() - self.last_active > self.config.idle_s:
+            return 0
+        return max(0, min(self.config.size, self._room()))
+
+    def held_bytes(self) -> int:
+        return sum(kernel.memory_bytes for kernel in self.ready)
+
+    def _fits_another(self) -> bool:
+        return self.held_bytes() + self.estimate_bytes <= self.config.budget_bytes
+
+    async def wait_full(self, timeout_s: float) -> None:
+        """Return once the pool holds its target; raises `TimeoutError` after `timeout_s`."""
+        self.last_active = time.monotonic()
+        async with asyncio.timeout(timeout_s):
+            while len(self.ready) < self.target() and self._fits_another():
+                self.wake()
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def _fill_forever(self) -> None:
+        backoff = 1.0
+        while True:
+            await self._trim()
+            if len(self.ready) < self.target() and self._fits_another():
+                if await self._fill_one():
+                    backoff = 1.0
+                else:
+                    await asyncio.sleep(backoff)
+                    backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._tick_s()):
+                    await self._wake.wait()
+
+    async def _fill_one(self) -> bool:
+        self.filling = True
+        try:
+            kernel = await self._spawn()
+        except Exception as exc:
+            self.failures += 1
+            log.warning("the warm pool could not start a kernel: %s", exc)
+            return False
+        finally:
+            self.filling = False
+            self._changed.set()
+        self.estimate_bytes = kernel.memory_bytes
+        self.ready.append(kernel)
+        self.last_active = time.monotonic()  # idle time counts from the last take or fill
+        self._changed.set()
+        return True
+
+    async def _trim(self) -> None:
+        """Stop kernels past the target (idle, less room) or past the memory budget."""
+        while self.ready and (
+            len(self.ready) > self.target() or self.held_bytes() > self.config.budget_bytes
+        ):
+            await self._discard(self.ready.pop())
+            self._changed.set()
+
+    def _tick_s(self) -> float:
+        return max(0.5, min(30.0, self.config.idle_s / 4))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "size": self.config.size,
+            "ready": len(self.ready),
+            "target": self.target() if self._task is not None else 0,
+            "memory_bytes": self.held_bytes(),
+            "budget_bytes": self.config.budget_bytes,
+            "taken": self.taken,
+            "missed": self.missed,
+            "failures": self.failures,
+        }
