@@ -77,6 +77,9 @@ class DiskWatch:
         """
         self._collect()
         if self._running is None and time.monotonic() - self.measured_at >= self.interval_s:
+            # Counted from the start, and kept across executions: at most one measurement per
+            # interval, however many short executions follow each other.
+            self.measured_at = time.monotonic()
             self._running = asyncio.create_task(asyncio.to_thread(disk_usage, self.paths))
         usage, previous = self.usage, self._previous
         if usage is None or usage <= self.limit_bytes():
@@ -99,4 +102,3 @@ class DiskWatch:
         self._running = None
         if task.exception() is None:
             self._previous, self.usage = self.usage, task.result()
-            self.measured_at = time.monotonic()
