@@ -10,40 +10,60 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.measure import Plan, log
+from bench.metrics import build_metrics
+from bench.notes import notes
+from bench.plot import draw_latencies
 from bench.report import markdown_report, results_document, write_results
-from bench.runner import build_metrics, collect, notes, run_config
+from bench.runner import collect, run_config
 from bench.system import system_info
 from corral.errors import CorralError
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 QUICK = Plan(
     cold_runs=3,
+    pool_runs=3,
     rt_runs=30,
-    memory_sessions=3,
+    memory_sessions=2,
+    fleet_sessions=8,
+    concurrency=(1, 8, 32),
+    conc_execs=100,
+    conc_rounds=2,
     egress_mib=50,
     egress_downloads=3,
     egress_connections=60,
     egress_blocks=2,
 )
+# Command-line option (without the dashes) for each count of the plan it can override.
+COUNTS = {
+    "cold_runs": "cold starts per side",
+    "pool_runs": "session starts from the pool (and cold) per side",
+    "rt_runs": "1+1 round trips per side",
+    "memory_sessions": "kernels per side read idle and busy, one at a time",
+    "fleet_sessions": "idle sessions (and baseline kernels) read together",
+    "conc_execs": "executions per concurrency round, split over its sessions",
+    "conc_rounds": "concurrency rounds per side and level",
+    "egress_mib": "MiB per egress download",
+    "egress_downloads": "egress downloads per route",
+    "egress_connections": "new egress connections per route",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line: --quick, optional counts overriding the plan, the results folder."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few runs, for iterating")
-    parser.add_argument("--cold-runs", type=_positive, help="cold starts per side")
-    parser.add_argument("--rt-runs", type=_positive, help="1+1 round trips per side")
-    parser.add_argument("--memory-sessions", type=_positive, help="idle kernels per side")
-    parser.add_argument("--egress-mib", type=_positive, help="MiB per egress download")
-    parser.add_argument("--egress-downloads", type=_positive, help="egress downloads per route")
+    for name, text in COUNTS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=_positive, help=text)
     parser.add_argument(
-        "--egress-connections", type=_positive, help="new egress connections per route"
+        "--concurrency",
+        type=_levels,
+        help="sessions at once, comma-separated (default: 1,8,32)",
     )
     parser.add_argument(
         "--results-dir",
         type=Path,
         default=RESULTS_DIR,
-        help=f"where latest.json and latest.md go (default: {RESULTS_DIR})",
+        help=f"where latest.json, latest.md and latest.png go (default: {RESULTS_DIR})",
     )
     return parser.parse_args(argv)
 
@@ -55,24 +75,34 @@ def _positive(text: str) -> int:
     return value
 
 
+def _levels(text: str) -> tuple[int, ...]:
+    """ "1,8,32" as (1, 8, 32): positive, without repeats, in increasing order."""
+    try:
+        levels = sorted({_positive(part) for part in text.split(",")})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts") from exc
+    return tuple(levels)
+
+
 def plan_from(args: argparse.Namespace) -> Plan:
-    """The default or quick plan, with any counts given on the command line."""
+    """The default or quick plan, with any counts given on the command line.
+
+    Raises `ValueError` when the counts do not fit together (see `Plan`).
+    """
     plan = QUICK if args.quick else Plan()
-    overrides = {
-        "cold_runs": args.cold_runs,
-        "rt_runs": args.rt_runs,
-        "memory_sessions": args.memory_sessions,
-        "egress_mib": args.egress_mib,
-        "egress_downloads": args.egress_downloads,
-        "egress_connections": args.egress_connections,
-    }
+    overrides = {name: getattr(args, name) for name in (*COUNTS, "concurrency")}
     return replace(plan, **{key: value for key, value in overrides.items() if value is not None})
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run everything; 0 on success, 1 when corral could not run a kernel, 130 on Ctrl-C."""
+    """Run everything; 0 on success, 1 when corral could not run a kernel, 2 for counts
+    that do not fit together, 130 on Ctrl-C."""
     args = parse_args(argv)
-    plan = plan_from(args)
+    try:
+        plan = plan_from(args)
+    except ValueError as exc:
+        log(f"bench: {exc}")
+        return 2
     system = system_info()
     started = time.perf_counter()
     try:
@@ -87,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = build_metrics(samples, plan)
     markdown = markdown_report(system, config, metrics, notes(plan, metrics))
     paths = write_results(args.results_dir, results_document(system, config, metrics), markdown)
+    paths.append(draw_latencies(system, config, metrics, args.results_dir / "latest.png"))
     print(markdown)
     log("wrote " + ", ".join(str(path) for path in paths))
     return 0

@@ -1,9 +1,10 @@
 """The baseline: an unsandboxed python kernel started with plain jupyter_client over ipc.
 
-It runs the same interpreter and kernel module as corral's sandboxed kernel, over the same
-transport, with a fresh home directory per kernel on a tmpfs when there is one (the sandbox's
-home is a fresh tmpfs, and IPython writes its history there after every execution), but
-without bwrap, seccomp or corral's session bookkeeping.
+It runs the same interpreter and the same kernel program as corral's sandboxed kernel
+(corral's own unsandboxed spec, `kernel_spec(..., sandboxed=False)`), over the same
+transport, with a fresh home directory per kernel on a tmpfs when there is one (the
+sandbox's home is a fresh tmpfs), but without bwrap, seccomp, the egress forwarder or
+corral's session bookkeeping: what is left is the floor the sandbox is measured against.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
+
+from corral.kernels.provisioner import kernel_spec
 
 START_TIMEOUT_S = 60.0
 EXEC_TIMEOUT_S = 30.0
@@ -43,13 +46,9 @@ def home_parent() -> Path:
 
 
 def baseline_spec() -> KernelSpec:
-    """The kernel spec of the baseline: this interpreter running `ipykernel_launcher`."""
-    return KernelSpec(
-        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        language="python",
-        display_name="baseline",
-        interrupt_mode="message",
-    )
+    """The kernel spec of the baseline: this interpreter running corral's python kernel
+    program directly, started by jupyter_client's default (local) provisioner."""
+    return kernel_spec("python", sys.executable, sandboxed=False)
 
 
 def baseline_env(home: Path) -> dict[str, str]:

@@ -28,8 +28,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.measure import Paired, Plan, log
-from corral.config import Settings
+from bench.measure import Paired, Plan, log, split
+from bench.sandboxed import bench_settings
 from corral.egress.protocol import Target
 from corral.egress.proxy import EgressProxy
 from corral.egress.rules import Decision, make_policy
@@ -98,7 +98,7 @@ async def bare_proxy(directory: Path, port: int) -> AsyncIterator[str]:
 @asynccontextmanager
 async def served_session(workdir: Path, run_root: Path, port: int) -> AsyncIterator[Service]:
     """A `Service` with one started session allowed 127.0.0.2:`port`; all removed on exit."""
-    settings = Settings(state_dir=workdir / "state", run_root=run_root)
+    settings = bench_settings(workdir, run_root)
     try:
         async with Service(settings) as service:
             await service.create_session(SESSION_ID)
@@ -163,12 +163,6 @@ async def sandbox_samples(service: Service, spec: dict[str, Any]) -> dict[str, l
         raise RuntimeError(f"the sandbox's egress client ended {result.status}: {result.text()}")
     samples: dict[str, list[float]] = json.loads(result.stdout)
     return samples
-
-
-def split(total: int, parts: int) -> list[int]:
-    """`total` as `parts` counts differing by at most one (no zero counts)."""
-    parts = max(1, min(parts, total))
-    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
 
 
 async def measure_egress(workdir: Path, plan: Plan) -> dict[str, Paired]:

@@ -1,4 +1,4 @@
-"""The four measurements, each taking its sides' samples in turn in one run.
+"""Sampling in one run, and the first measurements: cold start and `1+1` round trips.
 
 Alternating (corral first on even runs, baseline first on odd ones; with three sides, each
 goes first in turn) spreads any drift of the machine, such as another process waking up, over
@@ -7,7 +7,6 @@ every side instead of one.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 from bench.baseline import BaselineKernel, BaselineRoots, baseline_kernel
-from bench.memory import MIB, TreeMemory, tree_memory
-from bench.sandboxed import corral_session, kernel_pid
+from bench.sandboxed import corral_session
 from bench.served import (
     create_served_session,
     mcp_client,
@@ -29,26 +29,50 @@ from bench.served import (
 from corral.kernels.sessions import SessionManager
 
 CODE = "1+1"
-MEMORY_FIELDS = ("pss", "uss", "rss")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How many samples to take. All counts are positive."""
+    """How many samples to take. All counts are positive.
+
+    `concurrency` lists the numbers of sessions run at once; each round of a level runs
+    `conc_execs` executions in total, split evenly over its sessions, so `conc_execs` is at
+    least the largest level.
+    """
 
     cold_runs: int = 10
     cold_warmup: int = 1
+    pool_runs: int = 20
+    pool_warmup: int = 1
     rt_runs: int = 200
     rt_warmup: int = 5
-    memory_sessions: int = 3
+    memory_sessions: int = 5
     settle_s: float = 1.0
+    fleet_sessions: int = 64
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    conc_execs: int = 400
+    conc_rounds: int = 5
     egress_mib: int = 200
     egress_downloads: int = 7
     egress_download_warmup: int = 1
     egress_connections: int = 300
     egress_connect_warmup: int = 5
     egress_blocks: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or min(self.concurrency) <= 0:
+            raise ValueError(f"concurrency levels must be positive: {self.concurrency}")
+        if self.conc_execs < max(self.concurrency):
+            raise ValueError(
+                f"{self.conc_execs} executions per round cannot keep "
+                f"{max(self.concurrency)} sessions busy"
+            )
+
+    @property
+    def most_sessions(self) -> int:
+        """The most sessions one measurement runs at once (the fleet or the top level)."""
+        return max(self.fleet_sessions, *self.concurrency)
 
 
 @dataclass(frozen=True)
@@ -60,8 +84,10 @@ class Paired:
 
 
 def log(message: str) -> None:
-    """Progress for the person running the bench: stderr, so stdout stays Markdown."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress for the person running the bench, after the seconds since it started: on
+    stderr, so stdout stays Markdown."""
+    elapsed = time.time() - psutil.Process().create_time()
+    print(f"[{elapsed:5.0f} s] {message}", file=sys.stderr, flush=True)
 
 
 async def alternate(
@@ -93,6 +119,12 @@ async def rotate(
             if index >= warmup:
                 kept[position].append(value)
     return kept
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` as `parts` counts differing by at most one (no zero counts)."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if index < total % parts else 0) for index in range(parts)]
 
 
 def to_ms(seconds: tuple[list[float], list[float]]) -> Paired:
@@ -169,48 +201,7 @@ async def measure_round_trip(manager: SessionManager, roots: BaselineRoots, plan
     return to_ms(seconds)
 
 
-# -- 3. idle memory per session --------------------------------------------------------
-
-
-async def corral_idle_memory(manager: SessionManager, settle_s: float) -> TreeMemory:
-    """Memory of one new, idle session's kernel tree (bwrap and descendants), alone."""
-    async with corral_session(manager) as session_id:
-        await manager.create(session_id)
-        await asyncio.sleep(settle_s)
-        return tree_memory(kernel_pid(manager, session_id))
-
-
-async def baseline_idle_memory(roots: BaselineRoots, settle_s: float) -> TreeMemory:
-    """Memory of one new, idle baseline kernel's process tree, alone."""
-    async with baseline_kernel(roots) as kernel:
-        await kernel.start()
-        await asyncio.sleep(settle_s)
-        if kernel.pid is None:
-            raise RuntimeError("the baseline kernel has no pid")
-        return tree_memory(kernel.pid)
-
-
-async def measure_memory(
-    manager: SessionManager, roots: BaselineRoots, plan: Plan
-) -> dict[str, Paired]:
-    """Memory samples in MiB, keyed "pss", "uss" and "rss", `plan.memory_sessions` per side.
-
-    One kernel runs at a time and is read `plan.settle_s` after it first answered.
-    """
-    log(f"idle memory: {plan.memory_sessions} sessions per side, {plan.settle_s:g} s settle")
-    corral, baseline = await alternate(
-        lambda: corral_idle_memory(manager, plan.settle_s),
-        lambda: baseline_idle_memory(roots, plan.settle_s),
-        plan.memory_sessions,
-    )
-
-    def mib(samples: list[TreeMemory], field: str) -> list[float]:
-        return [getattr(sample, field) / MIB for sample in samples]
-
-    return {field: Paired(mib(corral, field), mib(baseline, field)) for field in MEMORY_FIELDS}
-
-
-# -- 4. round trip of 1+1 through the server ----------------------------------------------
+# -- 3. round trip of 1+1 through the server ----------------------------------------------
 
 
 async def timed(sample: Callable[[], Awaitable[object]]) -> float:

@@ -1,19 +1,21 @@
 """corral behind its real server, and the clients that measure a round trip through it.
 
-The server runs as `tests/server/conftest.py` runs it: uvicorn in a thread on 127.0.0.1 with a
-free port, the whole app from `build_app`, tokens from a throw-away config directory. The REST
-client is one `httpx.AsyncClient` (keep-alive); the MCP client is the SDK's `Client` over
-streamable HTTP on one `httpx2.AsyncClient`. Both are opened once and reused for every sample.
+The server is `corral serve` in a process of its own, as users run it (so it does not share
+this process's interpreter lock with the clients), on 127.0.0.1 with a free port, the warm
+pool off, and tokens in a throw-away config directory. The REST client is one keep-alive
+HTTP/1.1 connection (`bench.http1`); the MCP client is the SDK's `Client` over streamable
+HTTP on one `httpx2.AsyncClient`. Both are opened once and reused for every sample.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,13 +25,10 @@ from typing import Any
 
 import httpx
 import httpx2
-import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from corral.config import Settings
-from corral.server.app import build_app
-from corral.service import Service
+from bench.http1 import KeepAliveClient
 from corral.tokens import Tokens, load_tokens
 
 HOST = "127.0.0.1"
@@ -43,6 +42,7 @@ class ServedCorral:
     """A running server: where it listens and its tokens."""
 
     base_url: str
+    port: int
     tokens: Tokens
 
     @property
@@ -63,68 +63,81 @@ def free_port(host: str = HOST) -> int:
         return port
 
 
-def served_settings(workdir: Path, run_root: Path, port: int) -> Settings:
-    """Default settings with state and tokens under `workdir` and kernel sockets in `run_root`."""
-    return Settings(
-        state_dir=workdir / "state",
-        run_root=run_root,
-        config_dir=workdir / "config",
-        host=HOST,
-        port=port,
+def served_env(workdir: Path, run_root: Path, port: int) -> dict[str, str]:
+    """The environment of the bench's server: this one without CORRAL_*, then its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env.update(
+        CORRAL_STATE_DIR=str(workdir / "state"),
+        CORRAL_CONFIG_DIR=str(workdir / "config"),
+        CORRAL_RUN_ROOT=str(run_root),
+        CORRAL_PORT=str(port),
+        CORRAL_POOL_SIZE="0",  # no kernel starting in the background while it is measured
     )
+    return env
 
 
 @asynccontextmanager
 async def served_corral(workdir: Path) -> AsyncIterator[ServedCorral]:
-    """A real corral server on loopback whose state and tokens live in `workdir/state|config`.
+    """`corral serve` on loopback whose state and tokens live in `workdir/state|config`.
 
     Its run root is a new short directory in /tmp (unix socket paths must stay under 108
-    bytes). On exit the server shuts down, which stops its kernels, and the run root, state
+    bytes). On exit the server gets SIGTERM (which stops its kernels) and the run root, state
     and tokens are removed. Raises `RuntimeError` when it does not start.
     """
     run_root = Path(tempfile.mkdtemp(prefix="crw", dir="/tmp"))
-    settings = served_settings(workdir, run_root, free_port())
-    server: uvicorn.Server | None = None
-    thread: threading.Thread | None = None
-    # Warnings and errors only: the MCP server would otherwise set the root logger to INFO
-    # (a line per HTTP request); stdout stays Markdown either way.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    port = free_port()
+    tokens = load_tokens(workdir / "config", env={})  # written now, read by the server
+    log_file = (workdir / "serve.log").open("wb")
+    process = subprocess.Popen(  # noqa: ASYNC220 (it only forks and execs)
+        [sys.executable, "-m", "corral", "serve"],
+        env=served_env(workdir, run_root, port),
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        tokens = load_tokens(settings.config_dir, env={})
-        app = build_app(settings, Service(settings), tokens)
-        config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
-        thread.start()
-        await _started(server, thread)
-        yield ServedCorral(f"http://{settings.host}:{settings.port}", tokens)
+        base_url = f"http://{HOST}:{port}"
+        await _healthy(base_url, process, workdir / "serve.log")
+        yield ServedCorral(base_url, port, tokens)
     finally:
-        if server is not None and thread is not None:
-            server.should_exit = True
-            await asyncio.to_thread(thread.join, STOP_TIMEOUT_S)
-        for directory in (run_root, settings.state_dir, settings.config_dir):
+        process.terminate()
+        try:
+            await asyncio.to_thread(process.wait, STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log_file.close()
+        for directory in (run_root, workdir / "state", workdir / "config"):
             shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _started(server: uvicorn.Server, thread: threading.Thread) -> None:
+async def _healthy(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the bench's corral server exited while starting")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the bench's corral server did not start in {START_TIMEOUT_S} s")
-        await asyncio.sleep(0.02)
+    async with httpx.AsyncClient(base_url=base_url, timeout=2.0) as client:
+        while True:
+            if process.poll() is not None:
+                tail = log.read_text()[-2000:]  # noqa: ASYNC240 (the run is over)
+                raise RuntimeError(f"the bench's corral server exited: {tail}")
+            try:
+                if (await client.get("/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the bench's corral server did not start in {START_TIMEOUT_S} s"
+                )
+            await asyncio.sleep(0.1)
 
 
 @asynccontextmanager
-async def rest_client(served: ServedCorral) -> AsyncIterator[httpx.AsyncClient]:
-    """One keep-alive REST client with the agent token."""
-    async with httpx.AsyncClient(
-        base_url=served.base_url, headers=served.auth, timeout=CLIENT_TIMEOUT_S
-    ) as client:
+async def rest_client(served: ServedCorral) -> AsyncIterator[KeepAliveClient]:
+    """One keep-alive REST connection with the agent token."""
+    client = KeepAliveClient(HOST, served.port, served.auth)
+    await client.open()
+    try:
         yield client
+    finally:
+        await client.close()
 
 
 @asynccontextmanager
@@ -137,19 +150,18 @@ async def mcp_client(served: ServedCorral) -> AsyncIterator[Client]:
         yield client
 
 
-async def create_served_session(client: httpx.AsyncClient, session_id: str) -> None:
+async def create_served_session(client: KeepAliveClient, session_id: str) -> None:
     """Create and start `session_id` over REST; raises `RuntimeError` unless it answers 201."""
-    response = await client.post("/v1/sessions", json={"id": session_id})
-    if response.status_code != 201:
-        raise RuntimeError(f"creating session {session_id} answered {response.status_code}")
+    status, answer = await client.post("/v1/sessions", {"id": session_id})
+    if status != 201:
+        raise RuntimeError(f"creating session {session_id} answered {status}: {answer}")
 
 
-async def rest_execute(client: httpx.AsyncClient, session_id: str, code: str) -> dict[str, Any]:
+async def rest_execute(client: KeepAliveClient, session_id: str, code: str) -> dict[str, Any]:
     """POST /v1/sessions/{id}/execute; the result, or `RuntimeError` unless it ran ok."""
-    response = await client.post(f"/v1/sessions/{session_id}/execute", json={"code": code})
-    if response.status_code != 200:
-        raise RuntimeError(f"REST {code!r} answered {response.status_code}: {response.text}")
-    result: dict[str, Any] = response.json()
+    status, result = await client.post(f"/v1/sessions/{session_id}/execute", {"code": code})
+    if status != 200:
+        raise RuntimeError(f"REST {code!r} answered {status}: {result}")
     if result["status"] != "ok" or result["kernel_restarted"]:
         raise RuntimeError(f"REST {code!r} ended {result['status']}: {result['message']}")
     return result

@@ -48,8 +48,8 @@ class Summary:
         return percentile(self.samples, q)
 
     def to_dict(self, digits: int = 3) -> dict[str, Any]:
-        """n, p50/p95/p99, mean, min, max and the raw samples, rounded to `digits`."""
-        out: dict[str, Any] = {"n": self.n}
+        """n, median, p50/p95/p99, mean, min, max and the raw samples, rounded to `digits`."""
+        out: dict[str, Any] = {"n": self.n, "median": round(self.p(50), digits)}
         out.update({f"p{q}": round(self.p(q), digits) for q in PERCENTILES})
         out["mean"] = round(sum(self.samples) / self.n, digits)
         out["min"] = round(min(self.samples), digits)
