@@ -7,6 +7,7 @@ every side instead of one.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -203,6 +204,15 @@ async def measure_round_trip(manager: SessionManager, roots: BaselineRoots, plan
 
 # -- 3. round trip of 1+1 through the server ----------------------------------------------
 
+SERVED_BLOCK = 10  # consecutive calls of one side before the next side's turn
+
+
+def _in_blocks(sample: Callable[[], Awaitable[float]]) -> Callable[[], Awaitable[list[float]]]:
+    async def block() -> list[float]:
+        return [await sample() for _ in range(SERVED_BLOCK)]
+
+    return block
+
 
 async def timed(sample: Callable[[], Awaitable[object]]) -> float:
     """Seconds `sample()` took; it raises when its execution did not succeed."""
@@ -216,8 +226,10 @@ async def measure_served_round_trip(
 ) -> dict[str, Paired]:
     """`1+1` through REST and through MCP, each paired with in-process samples, in ms.
 
-    A real server runs in a thread; one session of its own serves both transports, and one
-    session of `manager` the in-process side. The three are sampled in rotation. Keys are
+    `corral serve` runs in a process of its own; one session of its own serves both
+    transports, and one session of `manager` the in-process side. The three take turns in
+    blocks of `SERVED_BLOCK` consecutive calls, as an agent calls one session back to back
+    (a turn per call would measure each call just after two other processes ran). Keys are
     "rest" and "mcp"; each `Paired` has the transport as corral, in-process as baseline.
     """
     log(f"round trip via REST and MCP: {plan.rt_warmup} warm-up + {plan.rt_runs} runs per side")
@@ -229,14 +241,17 @@ async def measure_served_round_trip(
     ):
         await manager.create(session_id)
         await create_served_session(rest, session_id)
-        in_process, over_rest, over_mcp = await rotate(
+        blocks = await rotate(
             (
-                lambda: corral_round_trip(manager, session_id),
-                lambda: timed(lambda: rest_execute(rest, session_id, CODE)),
-                lambda: timed(lambda: mcp_execute(mcp, session_id, CODE)),
+                _in_blocks(lambda: corral_round_trip(manager, session_id)),
+                _in_blocks(lambda: timed(lambda: rest_execute(rest, session_id, CODE))),
+                _in_blocks(lambda: timed(lambda: mcp_execute(mcp, session_id, CODE))),
             ),
-            plan.rt_runs,
-            plan.rt_warmup,
+            math.ceil(plan.rt_runs / SERVED_BLOCK),
+            math.ceil(plan.rt_warmup / SERVED_BLOCK),
+        )
+        in_process, over_rest, over_mcp = (
+            [value for block in side for value in block][: plan.rt_runs] for side in blocks
         )
     return {
         "rest": to_ms((over_rest, in_process)),

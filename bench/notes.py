@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.baseline import home_parent
 from bench.fleet import STARTS_AT_ONCE
 from bench.footprint import WORKLOAD_TEXT
-from bench.measure import Plan
+from bench.measure import SERVED_BLOCK, Plan
 from bench.metrics import AIM_FLEET_MIB, AIM_FLEET_SESSIONS
 from bench.report import Metric
 
@@ -59,8 +59,8 @@ def _served_note(plan: Plan, by_key: dict[str, Metric]) -> str:
         "keep-alive HTTP/1.1 connection from a minimal client (`bench.http1`; httpx adds "
         "about 1 ms per request of its own here), MCP the `execute_python_code` tool from "
         "the SDK's `Client` over streamable HTTP. The in-process column is retaken in the "
-        "same rotation "
-        f"(in-process, REST, MCP, each first in turn; {plan.rt_runs} runs per side after "
+        f"same rotation (in-process, REST, MCP taking turns in blocks of {SERVED_BLOCK} "
+        f"consecutive calls, each first in turn; {plan.rt_runs} runs per side after "
         f"{plan.rt_warmup} warm-up), so it can differ a little from the first table's "
         f"figure. {'; '.join(parts)}."
     )
