@@ -151,7 +151,12 @@ class WarmPool(Generic[W]):
     async def _fill_forever(self) -> None:
         backoff = 1.0
         while True:
-            await self._trim()
+            try:
+                await self._trim()
+            except Exception:  # a kernel that would not stop: the next round tries again
+                log.exception("the warm pool could not stop a kernel")
+                await asyncio.sleep(backoff)
+                continue
             if len(self.ready) < self.target() and self._fits_another():
                 if await self._fill_one():
                     backoff = 1.0

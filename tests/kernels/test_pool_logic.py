@@ -1,0 +1,202 @@
+"""The warm pool's rules, with stand-in kernels: who waits, what it holds, when it empties.
+
+The pool knows nothing of sandboxes (the session manager hands it `spawn` and `discard`), so
+these run without bwrap; tests/kernels/test_pool.py runs it with real sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from corral.kernels.pool import PoolConfig, WarmPool
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class StandIn:
+    number: int
+    memory_bytes: int = 40 * MIB
+    living: bool = True
+
+    async def alive(self) -> bool:
+        return self.living
+
+
+@dataclass
+class Factory:
+    """Starts stand-ins after `delay_s`; fails while `failing`; records what was discarded."""
+
+    delay_s: float = 0.01
+    memory_bytes: int = 40 * MIB
+    failing: bool = False
+    room: int = 100
+    started: int = 0
+    discarded: list[int] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    async def spawn(self) -> StandIn:
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(self.delay_s)
+        if self.failing:
+            raise RuntimeError("no kernel today")
+        self.started += 1
+        return StandIn(next(self.numbers), self.memory_bytes)
+
+    async def discard(self, kernel: StandIn) -> None:
+        self.discarded.append(kernel.number)
+
+    def pool(self, **config: float) -> WarmPool[StandIn]:
+        settings = {"size": 2, "budget_bytes": 512 * MIB, "idle_s": 60.0, **config}
+        return WarmPool(PoolConfig(**settings), self.spawn, self.discard, lambda: self.room)
+
+
+@pytest.fixture
+async def factory() -> AsyncIterator[Factory]:
+    yield Factory()
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+async def test_it_fills_to_its_size_and_hands_out_the_oldest_first(factory: Factory) -> None:
+    pool = factory.pool()
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        assert [k.number for k in pool.ready] == [0, 1]
+        taken = await pool.take()
+        assert taken is not None and taken.number == 0
+        await pool.wait_full(5)
+        assert len(pool.ready) == 2 and factory.started == 3
+    finally:
+        await pool.close()
+    assert sorted(factory.discarded) == [1, 2]
+
+
+async def test_an_off_pool_hands_out_nothing(factory: Factory) -> None:
+    pool = factory.pool(size=0)
+    pool.start()
+    assert await pool.take() is None
+    await asyncio.sleep(0.05)
+    assert factory.started == 0
+    await pool.close()
+
+
+async def test_one_caller_waits_for_a_half_started_kernel_the_next_starts_cold(
+    factory: Factory,
+) -> None:
+    factory.gate = asyncio.Event()
+    pool = factory.pool(size=1)
+    pool.start()
+    try:
+        await until(lambda: pool.filling)
+        first = asyncio.create_task(pool.take())
+        await until(lambda: pool.waiting == 1)
+        assert await pool.take() is None  # a second waiter would only queue behind it
+        factory.gate.set()
+        taken = await first
+        assert taken is not None and taken.number == 0
+        assert pool.missed == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_dead_kernel_is_discarded_not_handed_out(factory: Factory) -> None:
+    pool = factory.pool(size=2)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        pool.ready[0].living = False
+        taken = await pool.take()
+        assert taken is not None and taken.number == 1
+        assert factory.discarded == [0]
+    finally:
+        await pool.close()
+
+
+async def test_the_budget_caps_what_it_holds(factory: Factory) -> None:
+    pool = factory.pool(size=5, budget_bytes=100 * MIB)  # room for two of 40 MiB
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        await asyncio.sleep(0.05)
+        assert len(pool.ready) == 2 and pool.held_bytes() == 80 * MIB
+    finally:
+        await pool.close()
+
+
+async def test_a_kernel_larger_than_the_budget_is_not_kept_nor_retried(factory: Factory) -> None:
+    factory.memory_bytes = 600 * MIB
+    pool = factory.pool(size=2, budget_bytes=512 * MIB)
+    pool.start()
+    try:
+        await until(lambda: factory.discarded == [0])
+        await asyncio.sleep(0.1)
+        assert factory.started == 1 and not pool.ready
+    finally:
+        await pool.close()
+
+
+async def test_it_leaves_room_for_sessions(factory: Factory) -> None:
+    pool = factory.pool(size=3)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        factory.room = 1
+        pool.wake()
+        await until(lambda: len(pool.ready) == 1)
+        assert len(factory.discarded) == 2
+    finally:
+        await pool.close()
+
+
+async def test_it_empties_when_idle_and_refills_on_the_next_take(factory: Factory) -> None:
+    pool = factory.pool(size=2, idle_s=0.2)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        await until(lambda: not pool.ready, 5)
+        assert await pool.take() is None
+        await until(lambda: len(pool.ready) == 2)
+    finally:
+        await pool.close()
+
+
+async def test_failed_starts_back_off_and_recover(factory: Factory) -> None:
+    factory.failing = True
+    pool = factory.pool(size=1)
+    pool.start()
+    try:
+        await until(lambda: pool.failures >= 1)
+        await asyncio.sleep(0.3)
+        assert pool.failures == 1, "the next try waits for the back-off"
+        factory.failing = False
+        await pool.wait_full(5)
+        assert len(pool.ready) == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_kernel_given_back_is_the_next_handed_out(factory: Factory) -> None:
+    pool = factory.pool(size=2)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        taken = await pool.take()
+        assert taken is not None
+        pool.give_back(taken)
+        again = await pool.take()
+        assert again is taken and pool.taken == 1
+    finally:
+        await pool.close()
