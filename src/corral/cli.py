@@ -97,7 +97,7 @@ def run(
         raise click.UsageError("give either CODE or --file, not both or neither")
     source = path.read_text() if path is not None else str(code)
     with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
-        settings = replace(_settings(), state_dir=Path(tmp) / "state")
+        settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
         result = _call(_run_once(settings, source, language, timeout_s))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -114,7 +114,7 @@ def run(
 def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: bool) -> None:
     """Load URL in a sandboxed browser (browsing policy applies) and print its visible text."""
     with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
-        settings = replace(_settings(), state_dir=Path(tmp) / "state")
+        settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
         page = _call(_fetch_once(settings, url, screenshot is not None, timeout_s))
     if screenshot is not None and page.screenshot_png is not None:
         screenshot.write_bytes(page.screenshot_png)
@@ -614,7 +614,7 @@ def _url_host(host: str) -> str:
 
 
 async def _with_service(action: Any) -> Any:
-    async with Service(_settings()) as service:
+    async with Service(_one_shot_settings()) as service:
         return await action(service)
 
 
@@ -624,6 +624,12 @@ def _call(coro: Any) -> Any:
     except CorralError as exc:
         err.print(f"corral: {exc}", markup=False, highlight=False)
         sys.exit(EXIT_CORRAL_ERROR)
+
+
+def _one_shot_settings() -> Settings:
+    """Settings for a command that runs once and exits: no warm pool, whose kernels would
+    only start to be stopped again."""
+    return replace(_settings(), pool_size=0)
 
 
 def _settings() -> Settings:
