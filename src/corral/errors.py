@@ -13,11 +13,14 @@
     │   └── MountBusy           (kernels.projects) a folder is in use read-write
     ├── CapacityExceeded        a configured maximum was reached
     │   ├── TooManySessions
+    │   ├── StorageFull         no space left for a workspace file (507)
     │   └── TooLarge            an upload, file or request body past its cap
     ├── FetchFailed             a browser fetch reached no page (refused, unreachable, failed)
     │   └── FetchTimedOut       ... or ran past its time limit
     └── SandboxError            corral itself could not do its job (never the user's code)
         ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
+        │   └── ShuttingDown    the server is stopping; the call was not run (503)
+        ├── StateUnavailable    the state database stayed locked or its disk is full (503)
         ├── KernelStartFailed   a kernel did not come up inside its sandbox
         └── KernelUnreachable   a running kernel stopped answering before the code was sent
 
@@ -60,6 +63,10 @@ class SessionExists(Conflict):
 
 class CapacityExceeded(CorralError):
     """A configured maximum was reached."""
+
+
+class StorageFull(CapacityExceeded):
+    """The filesystem holding the workspace has no space left."""
 
 
 class TooManySessions(CapacityExceeded):

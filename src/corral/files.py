@@ -24,7 +24,7 @@ Errors, all from `corral.errors`:
                              directory deleted without `recursive`, an existing name written
                              with `overwrite=False`
     TooLarge                 a file read or written past its byte cap
-    CapacityExceeded         the filesystem holding the workspace is full
+    StorageFull              the filesystem holding the workspace is full (507)
 Other operating-system errors are not expected and propagate unchanged.
 """
 
@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.errors import (
-    CapacityExceeded,
     Conflict,
     CorralError,
     FileNotFoundInWorkspace,
     InvalidInput,
     PathRefused,
+    StorageFull,
     TooLarge,
 )
 from corral.sandbox.policy import WORKSPACE
@@ -342,7 +342,7 @@ def _map_os_error(exc: OSError, path: str) -> CorralError | None:
     if exc.errno == errno.EEXIST:
         return Conflict(f"{path!r} already exists")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return CapacityExceeded(f"no space left in the workspace to write {path!r}")
+        return StorageFull(f"no space left in the workspace to write {path!r}")
     return None
 
 

@@ -359,7 +359,7 @@ def test_full_state_disk_keeps_results_and_refuses_writes_with_a_clear_error(
     assert write_result["status"] == "error" and write_result["limit"] == "disk"
     assert "No space left" in write_result["error"]["evalue"]
     assert write_result["message"]
-    assert upload.status is not None and 400 <= upload.status < 500, upload
+    assert upload.status == 507, upload
     assert "no space" in (upload.json_message or "")
     assert health.status == 200, health
     # Space again: everything works, and nothing recorded while full was lost.

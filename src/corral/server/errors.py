@@ -26,6 +26,7 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.Conflict, 409, "conflict"),
     (e.TooLarge, 413, "too_large"),
     (e.TooManySessions, 429, "too_many_sessions"),
+    (e.StorageFull, 507, "storage_full"),
     (e.CapacityExceeded, 429, "capacity_exceeded"),
     (e.FetchTimedOut, 504, "fetch_timed_out"),
     (e.FetchFailed, 502, "fetch_failed"),

@@ -292,6 +292,7 @@ ERRORS = {
     "422": "Invalid fields",
     "429": "A limit was reached",
     "503": "Unavailable",
+    "507": "No space left where the server keeps its state",
 }
 
 
