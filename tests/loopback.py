@@ -11,7 +11,7 @@ import contextlib
 import functools
 import http.server
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HOST = "127.0.0.2"
@@ -23,10 +23,10 @@ class _QuietFiles(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_directory(root: Path) -> Iterator[int]:
-    """A static file server for `root` on 127.0.0.2; yields its port, stops on exit."""
-    handler = functools.partial(_QuietFiles, directory=str(root))
+def serve(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    """An HTTP server on 127.0.0.2 answering with `handler`; yields its port, stops on exit."""
     httpd = http.server.ThreadingHTTPServer((HOST, 0), handler)
+    httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
     thread.daemon = True
     thread.start()
@@ -36,3 +36,10 @@ def serve_directory(root: Path) -> Iterator[int]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(10)
+
+
+@contextlib.contextmanager
+def serve_directory(root: Path) -> Iterator[int]:
+    """A static file server for `root` on 127.0.0.2; yields its port, stops on exit."""
+    with serve(functools.partial(_QuietFiles, directory=str(root))) as port:
+        yield port

@@ -29,6 +29,7 @@ from corral.protect import (
     prepare,
     scan,
 )
+from tests.tmpfs import mounted_tmpfs
 
 
 @pytest.fixture
@@ -307,20 +308,8 @@ def other_filesystem(project: Path) -> Iterator[Path]:
     """A tmpfs mounted inside the project (needs root and a mount the host allows)."""
     mount_point = project / "cache"
     mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
+    with mounted_tmpfs(mount_point, "size=1m") as mounted:
+        yield mounted
 
 
 def test_the_walk_does_not_cross_into_another_filesystem(

@@ -18,7 +18,6 @@ import http.server
 import os
 import re
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,8 @@ import pytest
 from corral.kernels.results import ExecutionResult
 from corral.service import Service
 from tests.endurance.served import Served, alive, served
-from tests.loopback import HOST
+from tests.loopback import HOST, serve
+from tests.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.bwrap
 
@@ -322,24 +322,14 @@ class SmallDisk:
 @pytest.fixture(scope="module")
 def small_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallDisk]:
     """A server whose state directory (database, workspaces) is on a 64 MiB tmpfs."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs for the state directory needs root (CI runs as root)")
     root = tmp_path_factory.mktemp("disk")
     disk = root / "disk"
     disk.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m,mode=0700", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    try:
-        with served(root, state_dir=disk / "state") as running:
-            yield SmallDisk(disk, running)
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+    with (
+        mounted_tmpfs(disk, f"size={DISK_MIB}m,mode=0700"),
+        served(root, state_dir=disk / "state") as running,
+    ):
+        yield SmallDisk(disk, running)
 
 
 def test_full_state_disk_keeps_results_and_refuses_writes_with_a_clear_error(
@@ -526,16 +516,8 @@ class _Site(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[int]:
-    httpd = http.server.ThreadingHTTPServer((HOST, 0), _Site)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    try:
-        yield int(httpd.server_address[1])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serve(_Site) as port:
+        yield port
 
 
 def curl(url: str) -> str:
