@@ -29,7 +29,7 @@ from corral.protect import (
     prepare,
     scan,
 )
-from tests.tmpfs import mounted_tmpfs
+from tests.mounting import mounted, mounted_tmpfs
 
 
 @pytest.fixture
@@ -488,18 +488,8 @@ def xfs(base: Path) -> Iterator[Path]:
     subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], check=True)
     mount_point = base / "xfs"
     mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mount -o loop failed: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
+    with mounted(mount_point, ["-o", "loop", str(image)], "a loop image") as point:
+        yield point
 
 
 def test_clone_or_copy_reflinks_on_a_filesystem_that_can(xfs: Path) -> None:

@@ -33,7 +33,7 @@ from corral.kernels.results import ExecutionResult
 from corral.service import Service
 from tests.endurance.served import Served, alive, served
 from tests.loopback import HOST, serve
-from tests.tmpfs import mounted_tmpfs
+from tests.mounting import mounted_tmpfs
 
 pytestmark = pytest.mark.bwrap
 
