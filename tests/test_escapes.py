@@ -44,6 +44,7 @@ from corral.service import Service
 from corral.tokens import load_tokens
 from tests.conftest import make_settings
 from tests.server.conftest import free_port
+from tests.snippets import fork_loop, snapshot
 
 MIB = 1024 * 1024
 MEMORY = 256 * MIB
@@ -188,20 +189,6 @@ def make_repo(base: Path) -> Path:
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "start")
     return repo
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every entry under `root` (links by target, files by bytes), to compare host trees."""
-    seen: dict[str, bytes | str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            seen[rel] = f"link -> {os.readlink(path)}"
-        elif path.is_file():
-            seen[rel] = path.read_bytes()
-        else:
-            seen[rel] = "dir"
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -1002,18 +989,7 @@ async def test_move_dot_git_aside(host: Host) -> None:
 
 # -- exhausting the session's limits ------------------------------------------------------------
 
-FORK_LOOP = """
-import os, time
-forked = 0
-try:
-    for _ in range(1000):
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        forked += 1
-finally:
-    print('forked', forked)
-"""
+FORK_LOOP = fork_loop(1000)
 
 
 async def test_exhaust_pids_with_a_fork_loop(host: Host) -> None:

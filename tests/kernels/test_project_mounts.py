@@ -25,6 +25,7 @@ from corral.mounts import configured_mounts
 from corral.protect import DEFAULT_PROTECTED, ProtectionRefused
 from corral.service import Service
 from tests.server.conftest import free_port
+from tests.snippets import snapshot
 
 EXEC_S = 30.0
 EXTRA = "notes/trusted.txt"  # an operator's extra protected name (`--protect`)
@@ -106,20 +107,6 @@ def fake_ssh(base: Path) -> Path:
 
 def with_mounts(settings: Settings, mounts: str, **changes: object) -> Settings:
     return replace(settings, mounts=mounts, protected_files=EXTRA, **changes)  # type: ignore[arg-type]
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every entry under `root` (links by target, files by bytes), to compare host trees."""
-    seen: dict[str, bytes | str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            seen[rel] = f"link -> {os.readlink(path)}"
-        elif path.is_file():
-            seen[rel] = path.read_bytes()
-        else:
-            seen[rel] = "dir"
-    return seen
 
 
 async def run(service: Service, sid: str, code: str, language: str = "python") -> str:

@@ -36,6 +36,7 @@ from corral.sandbox.disk import MEASURE_INTERVAL_S, disk_usage
 from corral.sandbox.limits import detect_mechanism
 from corral.service import Service
 from tests.conftest import make_settings
+from tests.snippets import fork_loop
 
 MIB = 1024 * 1024
 MEMORY = 256 * MIB
@@ -60,18 +61,7 @@ def _has_cap_sys_resource() -> bool:
 CAN_RAISE_RLIMITS = _has_cap_sys_resource()
 
 ALLOCATE_64M = "x = bytearray(64 << 20); del x"
-FORK_BOMB = """
-import os, time
-forked = 0
-try:
-    for _ in range(2000):
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        forked += 1
-finally:
-    print('forked', forked)
-"""
+FORK_BOMB = fork_loop(2000)
 # Slow enough for the rlimit watchdog (it looks every 0.1 s) to see each step.
 FORK_40_SLOWLY = """
 import os, time
