@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -35,14 +34,15 @@ from corral.errors import (
 )
 from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
 from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.limit_hits import attribute_limit, counters
 from corral.kernels.pool import PoolConfig, WarmPool
 from corral.kernels.projects import PreparedMount, choose_mounts, prepare_mounts
-from corral.kernels.results import ExecutionResult, Limit
+from corral.kernels.results import ExecutionResult
 from corral.kernels.run import SessionRun, open_bridge
 from corral.kernels.warm import WarmSession, empty_or_missing, move_folders, tree_pss
 from corral.mounts import configured_mounts, overlapping
 from corral.protect import validate_protected_names
-from corral.sandbox.boxes import Counters, LimitBox, describe_hit, make_box, sweep_stale_v1
+from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
 from corral.sandbox.disk import DiskWatch
 from corral.sandbox.limits import LIVE_LIMITS, Limits, choose_mechanism, enforcement
@@ -334,7 +334,7 @@ class SessionManager:
         restarted = await self._ensure_kernel(session, language)
         limits = self.limits_for(timeout_s, session)
         session.disk.begin()
-        before = _counters(session)
+        before = counters(session.box)
         try:
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
         except KernelUnreachable:
@@ -342,7 +342,7 @@ class SessionManager:
             await self._replace_kernel(session, language)
             restarted = True
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
-        _attribute_limit(outcome.result, before, _counters(session), session.limits)
+        attribute_limit(outcome.result, before, counters(session.box), session.limits)
         if not outcome.kernel_usable:
             await self._after_kernel_loss(session, language, outcome.result)
         outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
@@ -786,36 +786,6 @@ class SessionManager:
             self.store.put(session.record)
         except SandboxError as exc:
             log.warning("could not store the state of session %s: %s", session.record.id, exc)
-
-
-def _counters(session: Session) -> Counters:
-    return session.box.counters() if session.box is not None else Counters()
-
-
-def _attribute_limit(
-    result: ExecutionResult, before: Counters, after: Counters, limits: Limits
-) -> None:
-    """Name the limit that stopped the code: an OOM kill, a refused fork, MemoryError."""
-    hit: Limit | None = None
-    if after.oom_kills > before.oom_kills:
-        hit = "memory"
-    elif after.task_refusals > before.task_refusals:
-        hit = "tasks"
-    elif result.error is not None and result.error.ename == "MemoryError":
-        hit = "memory"
-    elif result.limit == "disk" or _disk_full(result):
-        hit = "disk"
-    if hit is None:
-        return
-    result.limit = hit
-    note = describe_hit(hit, limits)
-    result.message = f"{note}; {result.message}" if result.message else note
-
-
-def _disk_full(result: ExecutionResult) -> bool:
-    """The code failed on a full filesystem (ENOSPC) or a file past the size limit (EFBIG)."""
-    text = result.error.evalue if result.error is not None else ""
-    return any(f"[Errno {code}]" in text for code in (errno.ENOSPC, errno.EFBIG))
 
 
 def _current_task() -> asyncio.Task[Any]:
