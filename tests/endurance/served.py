@@ -151,6 +151,11 @@ class Served:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
+    @property
+    def pid(self) -> int:
+        """The server process's pid; raises `RuntimeError` when it is not running."""
+        return self._running().pid
+
     def _running(self) -> subprocess.Popen[bytes]:
         if self.process is None or self.process.poll() is not None:
             raise RuntimeError("the server is not running")

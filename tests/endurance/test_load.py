@@ -1,28 +1,24 @@
 """Load: many sessions at once over the real REST API, then a count of what is left behind.
 
-A real server (uvicorn in a thread of this process) runs 32 sessions with real sandboxed
-kernels. Each session runs a short mixed sequence: prints to stdout and stderr, a picture, an
+A real `corral serve` process runs 32 sessions with real sandboxed kernels. Each session runs a short mixed sequence: prints to stdout and stderr, a picture, an
 exception, a sleep, a file written by the kernel and read back by the kernel and through the
 files route, a file uploaded and read by the kernel, a return value. Every result must come
 back exactly as expected. The session's marker is kept in the kernel (so a result from another
 kernel cannot pass) and a counter there numbers the steps (so order shows); no other session's
 marker may appear anywhere in a result.
 
-Afterwards this process's file descriptors and child processes (the sandboxes are its
+Afterwards the server's file descriptors and child processes (the sandboxes are its
 children) are counted against a baseline taken after a warm-up session, and no kernel run
-directory, session directory or session cgroup may remain.
+directory, session directory or session cgroup may remain. Only the server is counted: the
+other tests of this worker process keep services of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,9 +30,7 @@ import psutil
 import pytest
 
 from corral.sandbox.limits import own_cgroup1
-from corral.tokens import load_tokens
-from tests.conftest import make_settings
-from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+from tests.endurance.served import Served, served
 
 pytestmark = pytest.mark.bwrap
 
@@ -209,63 +203,40 @@ class Tally:
 
 @dataclass(frozen=True)
 class Census:
-    """What this process holds, counted from outside the server's own bookkeeping."""
+    """What the server process holds, counted from outside its own bookkeeping."""
 
     fds: int
     children: frozenset[int]
-    threads: tuple[str, ...]
+    threads: int
     run_entries: frozenset[str]
     session_dirs: frozenset[str]
 
     @classmethod
-    def take(cls, server: RunningServer) -> Census:
-        """Counted with the warm pool full and its kernels left out: they are the server's
-        spare kernels, replaced (new pids, new run folders) as sessions take them."""
-        pool_pids, pool_runs = _pool_share(server)
-        children = {p.pid for p in psutil.Process().children(recursive=True)}
+    def take(cls, server: Served) -> Census:
+        process = psutil.Process(server.pid)
         return cls(
-            fds=len(os.listdir("/proc/self/fd")),
-            children=frozenset(children - pool_pids),
-            threads=tuple(sorted(thread.name for thread in threading.enumerate())),
-            run_entries=frozenset(set(_names(server.settings.run_root)) - pool_runs),
-            session_dirs=frozenset(_names(server.settings.sessions_dir)) - {".pool"},
+            fds=len(os.listdir(f"/proc/{server.pid}/fd")),
+            children=frozenset(p.pid for p in process.children(recursive=True)),
+            threads=process.num_threads(),
+            run_entries=frozenset(_names(server.run_root)),
+            session_dirs=frozenset(_names(server.state_dir / "sessions")),
         )
-
-
-def _pool_share(server: RunningServer) -> tuple[set[int], set[str]]:
-    """The processes and run folders of the pool's kernels, once it is full (bounded wait)."""
-    pool = server.service.sessions.pool
-    deadline = time.monotonic() + SETTLE_S * 6
-    while pool.filling or len(pool.ready) < pool.target():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the warm pool did not refill: {pool.stats()}")
-        time.sleep(0.1)
-    pids: set[int] = set()
-    runs: set[str] = set()
-    for warm in list(pool.ready):
-        kernel = warm.session.kernels["python"]
-        if kernel.pid is not None:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(kernel.pid)
-                pids |= {root.pid, *(child.pid for child in root.children(recursive=True))}
-        runs |= {kernel.run_dir.name, kernel.manager.host_dir.name}
-    return pids, runs
 
 
 def _names(folder: Path) -> list[str]:
     return os.listdir(folder) if folder.is_dir() else []
 
 
-def _session_cgroups(ids: list[str]) -> list[str]:
+def _session_cgroups(ids: list[str], server_pid: int) -> list[str]:
     """Cgroups still named after one of `ids` (only the cgroup v1 boxes make them here)."""
     left = []
     for controller in ("memory", "pids", "cpu", "freezer"):
-        parent = own_cgroup1(Path("/sys/fs/cgroup"), controller) / f"corral-{os.getpid()}"
+        parent = own_cgroup1(Path("/sys/fs/cgroup"), controller) / f"corral-{server_pid}"
         left += [f"{controller}/{name}" for name in _names(parent) if name in ids]
     return left
 
 
-async def _settled(server: RunningServer, baseline: Census) -> Census:
+async def _settled(server: Served, baseline: Census) -> Census:
     """The census once descriptors and children are back near the baseline, or at SETTLE_S."""
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -274,10 +245,6 @@ async def _settled(server: RunningServer, baseline: Census) -> Census:
         if back or time.monotonic() > deadline:
             return census
         await asyncio.sleep(0.2)
-
-
-def _new_names(before: tuple[str, ...], after: tuple[str, ...]) -> str:
-    return ", ".join(sorted(set(after) - set(before))) or "none"
 
 
 def _describe(pids: frozenset[int]) -> str:
@@ -292,34 +259,24 @@ def _describe(pids: frozenset[int]) -> str:
 
 
 @pytest.fixture(scope="module")
-def load_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A server of its own, with room for every load session at once."""
-    root = tmp_path_factory.mktemp("load")
-    run = Path(tempfile.mkdtemp(prefix="crl", dir="/tmp"))
-    settings = make_settings(
-        root / "state",
-        run,
-        config_dir=root / "config",
-        port=free_port(),
-        max_sessions=SESSIONS + 8,
-        pool_size=2,  # the server's default: some sessions come from the pool, most cold
-        exec_timeout_s=EXEC_TIMEOUT_S,
-        kernel_start_timeout_s=KERNEL_START_TIMEOUT_S,
-    )
-    tokens = load_tokens(settings.config_dir, env={})
-    running, uv, thread = start_server(settings, tokens)
-    try:
-        yield running
-    finally:
-        stop_server(uv, thread)
-        shutil.rmtree(run, ignore_errors=True)
+def load_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`corral serve` of its own, as a process whose descriptors and children are counted,
+    with room for every load session at once. No warm pool: its spare kernels come and go
+    (tests/kernels/test_pool.py covers it)."""
+    with served(
+        tmp_path_factory.mktemp("load"),
+        max_sessions=str(SESSIONS + 8),
+        pool_size="0",
+        exec_timeout_s=str(EXEC_TIMEOUT_S),
+        kernel_start_timeout_s=str(KERNEL_START_TIMEOUT_S),
+    ) as server:
+        yield server
 
 
-def _client(server: RunningServer) -> httpx.AsyncClient:
-    assert server.tokens is not None
+def _client(server: Served) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        base_url=server.base_url,
-        headers={"Authorization": f"Bearer {server.tokens.agent}"},
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {server.token('agent')}"},
         timeout=REQUEST_TIMEOUT_S,
         limits=httpx.Limits(max_connections=4 * SESSIONS, max_keepalive_connections=SESSIONS),
     )
@@ -400,7 +357,7 @@ async def _warm_up(http: httpx.AsyncClient) -> None:
 
 @pytest.mark.timeout(300)
 async def test_concurrent_sessions_get_every_result_in_order_and_leak_nothing(
-    load_server: RunningServer,
+    load_server: Served,
 ) -> None:
     async with _client(load_server) as http:
         await _warm_up(http)
@@ -416,22 +373,21 @@ async def test_concurrent_sessions_get_every_result_in_order_and_leak_nothing(
         listed = (await http.get("/v1/sessions")).json()["sessions"]
         running = sorted(s["id"] for s in listed if s["kernels"] == ["python"])
         assert running == ids, f"not every session is running at once: {running}"
-        peak = len(psutil.Process().children(recursive=True))
+        peak = len(psutil.Process(load_server.pid).children(recursive=True))
         await asyncio.gather(*(_run_sequence(http, plan, tally) for plan in plans))
         ran_s = time.monotonic() - started - created_s
         await asyncio.gather(*(_delete(http, sid) for sid in ids))
         assert (await http.get("/v1/sessions")).json()["sessions"] == []
     wall_s = time.monotonic() - started
     after = await _settled(load_server, before)
-    cgroups = _session_cgroups(ids)
+    cgroups = _session_cgroups(ids, load_server.pid)
 
     print(
         f"\nload: {SESSIONS} sessions, {tally.executions} executions, {tally.file_calls} file "
         f"calls, {len(tally.problems)} problems; wall {wall_s:.1f} s (create and set up "
         f"{created_s:.1f} s, run {ran_s:.1f} s)\n"
         f"load: fds {before.fds} -> {after.fds}; child processes {len(before.children)} -> "
-        f"{len(after.children)} (peak {peak}); threads {len(before.threads)} -> "
-        f"{len(after.threads)} (new: {_new_names(before.threads, after.threads)}); "
+        f"{len(after.children)} (peak {peak}); threads {before.threads} -> {after.threads}; "
         f"run root entries {len(before.run_entries)} -> {len(after.run_entries)}; session "
         f"dirs {len(before.session_dirs)} -> {len(after.session_dirs)}; session cgroups left "
         f"{len(cgroups)}"
@@ -503,7 +459,7 @@ def _order_problems(
 
 @pytest.mark.timeout(180)
 async def test_executions_submitted_together_run_in_arrival_order_without_loss(
-    load_server: RunningServer,
+    load_server: Served,
 ) -> None:
     ids = [f"order-{i}" for i in range(ORDER_SESSIONS)]
     async with _client(load_server) as http:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -193,14 +194,25 @@ async def assert_kept_and_working(service: Service, sid: str) -> ExecutionResult
     return result
 
 
-def descendants() -> set[int]:
-    return {child.pid for child in psutil.Process().children(recursive=True)}
+def descendants(service: Service) -> set[int]:
+    """The processes of `service`'s sandboxes: under an outer bwrap naming its run root.
+
+    Other services of this test process (the shared ones keep a warm pool, which may be
+    refilling) have run roots of their own.
+    """
+    run_root = str(service.settings.run_root)
+    found: set[int] = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() == "bwrap" and run_root in " ".join(child.cmdline()):
+                found |= {child.pid, *(p.pid for p in child.children(recursive=True))}
+    return found
 
 
-async def settle_to(baseline: int, timeout_s: float = 10.0) -> int:
-    """Wait until no more than `baseline` (plus slack) descendants remain; return the count."""
+async def settle_to(service: Service, baseline: int, timeout_s: float = 10.0) -> int:
+    """Wait until no more than `baseline` (plus slack) sandbox processes remain; the count."""
     deadline = time.monotonic() + timeout_s
-    while (count := len(descendants())) > baseline + SLACK_PROCESSES:
+    while (count := len(descendants(service))) > baseline + SLACK_PROCESSES:
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
@@ -314,7 +326,7 @@ async def test_fork_bomb_is_refused_and_its_processes_go_away(limited: Service) 
     await limited.create_session("lim-forks")
     await limited.create_session("lim-beside")
     await keep_a_file(limited, "lim-forks")
-    baseline = len(descendants())
+    baseline = len(descendants(limited))
 
     bomb = await run(limited, "lim-forks", FORK_BOMB)
     assert bomb.limit == "tasks", bomb.text()
@@ -333,7 +345,7 @@ async def test_fork_bomb_is_refused_and_its_processes_go_away(limited: Service) 
     )
     assert spawned == 0
     await assert_kept_and_working(limited, "lim-forks")
-    assert await settle_to(baseline) <= baseline + SLACK_PROCESSES
+    assert await settle_to(limited, baseline) <= baseline + SLACK_PROCESSES
 
 
 # -- disk ----------------------------------------------------------------------------------
@@ -577,14 +589,14 @@ async def test_changed_limits_survive_a_server_restart(tmp_path: Path, limited: 
 
 
 async def test_stopping_a_session_removes_its_box_and_every_process(limited: Service) -> None:
-    before = descendants()
+    before = descendants(limited)
     await limited.create_session("lim-gone")
     await value(
         limited,
         "lim-gone",
         "import subprocess\nfor _ in range(5):\n    subprocess.Popen(['sleep', '60'])\n5",
     )
-    sandbox = descendants() - before
+    sandbox = descendants(limited) - before
     assert len(sandbox) >= 5
     dirs = box_dirs(limited, "lim-gone")
     assert all(path.is_dir() for path in dirs)
