@@ -28,8 +28,9 @@ def make_settings(state_dir: Path, run_root: Path, **overrides: object) -> Setti
         exec_timeout_s=60.0,
         interrupt_grace_s=3.0,
         max_output_bytes=100_000,
-        # Most tests start one or two kernels: a pool would start more than they use. The
-        # shared services keep one ready, and tests/kernels/test_pool.py tests the pool.
+        # No warm pool: it would start more kernels than most tests use, and its refills
+        # would change the process and descriptor counts other tests of the same worker
+        # take. tests/kernels/test_pool*.py test the pool.
         pool_size=0,
     )
     base.update(overrides)
@@ -52,7 +53,7 @@ async def service(settings: Settings) -> AsyncIterator[Service]:
 async def shared_service(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
     """One service for read-only property tests, so each kernel starts once per run."""
     run = Path(tempfile.mkdtemp(prefix="crs", dir="/tmp"))
-    settings = make_settings(tmp_path_factory.mktemp("shared") / "state", run, pool_size=1)
+    settings = make_settings(tmp_path_factory.mktemp("shared") / "state", run)
     try:
         async with Service(settings) as svc:
             yield svc

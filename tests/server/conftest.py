@@ -94,7 +94,6 @@ def server_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settin
         max_body_bytes=200_000,
         progress_interval_s=0.5,
         max_sessions=8,
-        pool_size=1,
     )
     yield settings
     shutil.rmtree(run, ignore_errors=True)
