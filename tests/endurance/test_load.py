@@ -1,11 +1,12 @@
 """Load: many sessions at once over the real REST API, then a count of what is left behind.
 
-A real `corral serve` process runs 32 sessions with real sandboxed kernels. Each session runs a short mixed sequence: prints to stdout and stderr, a picture, an
-exception, a sleep, a file written by the kernel and read back by the kernel and through the
-files route, a file uploaded and read by the kernel, a return value. Every result must come
-back exactly as expected. The session's marker is kept in the kernel (so a result from another
-kernel cannot pass) and a counter there numbers the steps (so order shows); no other session's
-marker may appear anywhere in a result.
+A real `corral serve` process runs 32 sessions with real sandboxed kernels. Each session runs
+a short mixed sequence: prints to stdout and stderr, a picture, an exception, a sleep, a file
+written by the kernel and read back by the kernel and through the files route, a file
+uploaded and read by the kernel, a return value. Every result must come back exactly as
+expected. The session's marker is kept in the kernel (so a result from another kernel cannot
+pass) and a counter there numbers the steps (so order shows); no other session's marker may
+appear anywhere in a result.
 
 Afterwards the server's file descriptors and child processes (the sandboxes are its
 children) are counted against a baseline taken after a warm-up session, and no kernel run
