@@ -1,8 +1,9 @@
-"""Code that tests run inside sessions, and host-side views that tests compare."""
+"""Code that tests run inside sessions, and host-side helpers: tree snapshots, git."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -34,3 +35,27 @@ def snapshot(root: Path) -> dict[str, bytes | str]:
         else:
             seen[rel] = "dir"
     return seen
+
+
+def git(cwd: Path, *args: str) -> str:
+    """The real git in `cwd`, with no configuration but a fixed identity; its stdout."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(cwd),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    done = subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout

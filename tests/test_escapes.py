@@ -22,7 +22,6 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -44,7 +43,7 @@ from corral.service import Service
 from corral.tokens import load_tokens
 from tests.conftest import make_settings
 from tests.server.conftest import free_port
-from tests.snippets import fork_loop, snapshot
+from tests.snippets import fork_loop, git, snapshot
 
 MIB = 1024 * 1024
 MEMORY = 256 * MIB
@@ -153,29 +152,6 @@ async def corral_server(settings: Settings, service: Service) -> AsyncIterator[l
     finally:
         server.should_exit = True
         await task
-
-
-def git(cwd: Path, *args: str) -> str:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(cwd),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
-    done = subprocess.run(
-        ["git", "-c", "init.defaultBranch=main", *args],
-        cwd=cwd,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return done.stdout
 
 
 def make_repo(base: Path) -> Path:

@@ -30,6 +30,7 @@ from corral.protect import (
     scan,
 )
 from tests.mounting import mounted, mounted_tmpfs
+from tests.snippets import git as run_git
 
 
 @pytest.fixture
@@ -37,39 +38,13 @@ def base(tmp_path: Path) -> Path:
     return tmp_path.resolve()
 
 
-@pytest.fixture
-def git_env(base: Path) -> dict[str, str]:
-    home = base / "git-home"
-    home.mkdir()
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
-
-
-Git = Callable[..., None]
+Git = Callable[..., str]
 
 
 @pytest.fixture
-def git(git_env: dict[str, str]) -> Git:
+def git() -> Git:
     """`git(cwd, *args)`: the real git, with no configuration but the test's."""
-
-    def run(cwd: Path, *args: str) -> None:
-        subprocess.run(
-            ["git", "-c", "init.defaultBranch=main", *args],
-            cwd=cwd,
-            env=git_env,
-            check=True,
-            capture_output=True,
-        )
-
-    return run
+    return run_git
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from corral.mounts import configured_mounts
 from corral.protect import DEFAULT_PROTECTED, ProtectionRefused
 from corral.service import Service
 from tests.server.conftest import free_port
+from tests.snippets import git as run_git
 from tests.snippets import snapshot
 
 EXEC_S = 30.0
@@ -41,34 +42,9 @@ def base(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def git(base: Path) -> Git:
+def git() -> Git:
     """`git(cwd, *args)` -> stdout: the real git, with no configuration but the test's."""
-    home = base / "git-home"
-    home.mkdir()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
-
-    def run(cwd: Path, *args: str) -> str:
-        done = subprocess.run(
-            ["git", "-c", "init.defaultBranch=main", "-c", "protocol.file.allow=always", *args],
-            cwd=cwd,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return done.stdout
-
-    return run
+    return run_git
 
 
 @pytest.fixture
