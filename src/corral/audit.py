@@ -325,11 +325,6 @@ class AuditLog:
             raise SandboxError(f"cannot rotate the audit log: {exc}") from exc
         return removed
 
-    @property
-    def pending(self) -> int:
-        """How many refused entries wait in memory for the database to take them."""
-        return len(self._pending)
-
     def close(self) -> None:
         """Write the entries kept from refused writes (one try), then close."""
         with self._lock:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 30.0
@@ -196,15 +196,3 @@ class WarmPool(Generic[W]):
 
     def _tick_s(self) -> float:
         return max(0.5, min(30.0, self.config.idle_s / 4))
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "size": self.config.size,
-            "ready": len(self.ready),
-            "target": self.target() if self._task is not None else 0,
-            "memory_bytes": self.held_bytes(),
-            "budget_bytes": self.config.budget_bytes,
-            "taken": self.taken,
-            "missed": self.missed,
-            "failures": self.failures,
-        }
