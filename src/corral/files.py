@@ -3,8 +3,9 @@
 The REST and MCP adapters call `Workspace`. The sandbox can put anything in the workspace
 (symlinks to host paths or to other sessions, FIFOs, sockets, hard links) while the server runs
 as root, so every operation walks the path one component at a time with directory descriptors
-(`O_NOFOLLOW | O_DIRECTORY`) and never follows a link, not even the last component; nothing
-is resolved by name and then opened, so there is no check-then-use race to win.
+(`O_NOFOLLOW | O_DIRECTORY`, through `corral.fsafe`) and never follows a link, not even the
+last component; nothing is resolved by name and then opened, so there is no check-then-use
+race to win.
 
 - Reads open the final file with `O_NOFOLLOW | O_NONBLOCK` after an lstat and read only a
   regular file (the fstat of the open descriptor decides), so a FIFO or device never blocks
@@ -39,7 +40,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from corral.errors import (
     Conflict,
@@ -50,6 +51,19 @@ from corral.errors import (
     StorageFull,
     TooLarge,
 )
+from corral.fsafe import (
+    CREATE_FLAGS,
+    Kind,
+    LinkRefused,
+    NotRegular,
+    UnsafePath,
+    closing,
+    describe,
+    kind_of,
+    open_dir_at,
+    open_file_at,
+    walk,
+)
 from corral.sandbox.policy import WORKSPACE
 
 MAX_PATH_BYTES = 4096
@@ -58,12 +72,6 @@ MAX_LIST_DEPTH = 64  # directories deeper than this are listed but not entered
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 READ_CHUNK_BYTES = 1024 * 1024
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-Kind = Literal["file", "dir", "link", "other"]
 
 
 @dataclass(frozen=True)
@@ -155,7 +163,7 @@ class Workspace:
         with (
             _translated(path),
             self._open_parent(parts) as parent,
-            _closing(_open_regular(parent, parts[-1], path)) as fd,
+            closing(open_file_at(parent, parts[-1], parts[:-1])) as fd,
         ):
             _check_size(path, os.fstat(fd).st_size, cap)
             return _read_at_most(fd, cap, path)
@@ -208,18 +216,11 @@ class Workspace:
 
     # -- walking ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _open_dir(self, parts: tuple[str, ...], *, create: bool = False) -> Iterator[int]:
+    def _open_dir(
+        self, parts: tuple[str, ...], *, create: bool = False
+    ) -> contextlib.AbstractContextManager[int]:
         """A descriptor of the directory reached by walking `parts` from the root, no links."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            for name in parts:
-                child = _open_child_dir(fd, name, create=create)
-                os.close(fd)
-                fd = child
-            yield fd
-        finally:
-            os.close(fd)
+        return walk(self.root, parts, create_mode=DIR_MODE if create else None)
 
     def _open_parent(
         self, parts: tuple[str, ...], *, create: bool = False
@@ -274,55 +275,29 @@ def _refused(path: str, reason: str) -> PathRefused:
     return PathRefused(f"refused {path!r}: {reason}")
 
 
-def _open_child_dir(parent: int, name: str, *, create: bool) -> int:
-    """Open directory `name` in `parent` without following a link; mkdir it if asked."""
-    try:
-        return _open_dir_nofollow(parent, name)
-    except FileNotFoundError:
-        if not create:
-            raise
-    try:
-        os.mkdir(name, DIR_MODE, dir_fd=parent)
-    except FileExistsError:  # made meanwhile: open whatever is there now, links refused
-        return _open_dir_nofollow(parent, name)
-    fd = _open_dir_nofollow(parent, name)
-    try:
-        os.fchmod(fd, DIR_MODE)  # the exact mode, whatever the umask
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_dir_nofollow(parent: int, name: str) -> int:
-    """os.open with O_DIRECTORY | O_NOFOLLOW; a link raises ELOOP (Linux says ENOTDIR)."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except NotADirectoryError:
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        if stat.S_ISLNK(info.st_mode):
-            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
-        raise
-
-
-@contextlib.contextmanager
-def _closing(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _translated(path: str) -> Iterator[None]:
-    """Turn the OSErrors of operating on `path` into corral errors (others pass unchanged)."""
+    """Turn the OSErrors and `fsafe` refusals of `path` into corral errors (others pass)."""
     try:
         yield
+    except UnsafePath as exc:
+        raise _map_unsafe(exc, path) from exc
     except OSError as exc:
         mapped = _map_os_error(exc, path)
         if mapped is None:
             raise
         raise mapped from exc
+
+
+def _map_unsafe(exc: UnsafePath, path: str) -> CorralError:
+    name = exc.parts[-1] if exc.parts else path
+    if isinstance(exc, LinkRefused):
+        return _refused(path, f"{name!r} is a symbolic link, and links are never followed")
+    if isinstance(exc, NotRegular) and exc.is_dir:
+        return Conflict(f"{path!r} is a directory, not a file")
+    if isinstance(exc, NotRegular):
+        return _refused(path, f"it is {describe(exc.mode)}; only regular files are read")
+    return _refused(path, "a component is not a plain name")
 
 
 def _map_os_error(exc: OSError, path: str) -> CorralError | None:
@@ -350,54 +325,7 @@ def _entry(path: str, info: os.stat_result) -> FileEntry:
     return FileEntry(path, kind_of(info.st_mode), info.st_size, info.st_mtime)
 
 
-def kind_of(mode: int) -> Kind:
-    """What an `lstat` mode is: a file, a directory, a link, or something else."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "link"
-    return "other"
-
-
-def _describe(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 # -- reading ---------------------------------------------------------------------------------
-
-
-def _open_regular(parent: int, name: str, path: str) -> int:
-    """A read descriptor of regular file `name`; links and special files are refused.
-
-    The lstat spares special files an open; O_NONBLOCK keeps a FIFO swapped in meanwhile from
-    blocking, and the fstat of the descriptor is the check that counts.
-    """
-    _check_regular(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode, name, path)
-    fd = os.open(name, _READ_FLAGS, dir_fd=parent)
-    try:
-        _check_regular(os.fstat(fd).st_mode, name, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _check_regular(mode: int, name: str, path: str) -> None:
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise Conflict(f"{path!r} is a directory, not a file")
-    if stat.S_ISLNK(mode):
-        raise _refused(path, f"{name!r} is a symbolic link, and links are never followed")
-    raise _refused(path, f"it is {_describe(mode)}; only regular files are read")
 
 
 def _check_size(path: str, size: int, cap: int) -> None:
@@ -435,13 +363,13 @@ def _check_replaceable(parent: int, name: str, path: str, *, overwrite: bool) ->
     if stat.S_ISLNK(mode):
         raise _refused(path, f"{name!r} is a symbolic link; links are never written through")
     if not stat.S_ISREG(mode):
-        raise _refused(path, f"it is {_describe(mode)}; only regular files are replaced")
+        raise _refused(path, f"it is {describe(mode)}; only regular files are replaced")
 
 
 def _write_temp(parent: int, data: bytes) -> tuple[str, os.stat_result]:
     """A new, fsynced file in `parent` holding `data`: its name and its stat."""
     temp = f".corral-{secrets.token_hex(8)}.tmp"
-    fd = os.open(temp, _TEMP_FLAGS, FILE_MODE, dir_fd=parent)
+    fd = os.open(temp, CREATE_FLAGS, FILE_MODE, dir_fd=parent)
     try:
         os.fchmod(fd, FILE_MODE)
         view = memoryview(data)
@@ -493,10 +421,10 @@ class _Lister:
             self.truncated = True
             return
         try:
-            child = _open_dir_nofollow(fd, name)
-        except OSError:  # removed or swapped for a link since it was read: leave it out
+            child = open_dir_at(fd, name)
+        except (OSError, UnsafePath):  # removed or swapped for a link since it was read
             return
-        with _closing(child):
+        with closing(child):
             self.visit(child, path, depth)
 
     def _read(self, fd: int, prefix: str) -> list[tuple[str, FileEntry]]:
@@ -522,7 +450,7 @@ def _remove_tree(parent: int, name: str) -> None:
     non-directories, removes its empty directories and moves the children of the others up
     into it, until it is empty. Interrupted, the tree is left with some names moved up.
     """
-    with _closing(_open_dir_nofollow(parent, name)) as top:
+    with closing(open_dir_at(parent, name)) as top:
         while _remove_one_level(top):
             pass
     os.rmdir(name, dir_fd=parent)
@@ -543,7 +471,7 @@ def _remove_one_level(top: int) -> bool:
 
 def _hoist_children(top: int, name: str) -> None:
     """Unlink the non-directories of `name` and move its directories up into `top`."""
-    with _closing(_open_dir_nofollow(top, name)) as sub, os.scandir(sub) as it:
+    with closing(open_dir_at(top, name)) as sub, os.scandir(sub) as it:
         for item in it:
             if item.is_dir(follow_symlinks=False):
                 fresh = f".corral-rm-{secrets.token_hex(8)}"

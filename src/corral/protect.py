@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Literal
 
 from corral.errors import InvalidInput
-from corral.files import Kind as FileType
-from corral.files import kind_of
+from corral.fsafe import Kind as FileType
+from corral.fsafe import kind_of
 
 DEFAULT_PROTECTED = (
     ".claude/settings.json",

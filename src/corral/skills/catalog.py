@@ -6,8 +6,8 @@ folder of their own, where a dropped `.zip` is unpacked on `refresh()` (see `arc
 Both are shown read-only inside every sandbox under `sandbox_root`, and every text names
 that path, never the host's.
 
-The user folder is not corral's: anything may be in it. Files are read by walking
-directory descriptors with `O_NOFOLLOW` (a link anywhere is refused, never followed), only
+The user folder is not corral's: anything may be in it. Files are read through `corral.fsafe`,
+walking directory descriptors with `O_NOFOLLOW` (a link anywhere is refused, never followed), only
 regular files are opened, and every read is capped. A skill with a problem (bad front
 matter, a link for a folder, a user skill with a public skill's name) is still listed, with
 the problem, so one bad skill never hides the others.
@@ -22,18 +22,15 @@ The `*_text` calls are the agent's (coderunner's forms) and return "Error: ..." 
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
-import stat
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from corral.errors import CorralError, InvalidInput, NotFound, TooLarge
+from corral.fsafe import LinkRefused, NotRegular, UnsafePath, open_file_beneath
 from corral.skills import SANDBOX_SKILLS
 from corral.skills.archive import (
     SKILL_MD,
@@ -54,8 +51,6 @@ MAX_FILE_NAME_BYTES = 4096
 MAX_REASON_BYTES = 4096  # of a set-aside archive's .txt note
 RULE = "=" * 80
 LIST_HINT = "Use list_skills() to see available skills."
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -264,39 +259,24 @@ class SkillCatalog:
             ) from None
 
     def _read(self, source: Source, name: str, parts: tuple[str, ...]) -> bytes:
-        """Read `parts` under skill `name`, walking with O_NOFOLLOW; raises corral errors."""
+        """Read `parts` under skill `name`, no link followed; raises corral errors."""
         filename = "/".join(parts)
         try:
             return _read_regular(self.dirs[source], (name, *parts), self.max_file_bytes)
-        except _Blocked as blocked:
-            raise self._blocked_error(blocked, source, name, filename) from None
+        except UnsafePath as blocked:
+            raise _blocked_error(blocked, name, filename) from None
+        except _Oversized as large:
+            raise TooLarge(
+                f"File '{filename}' in skill '{name}' is {large.size_bytes} bytes, over the "
+                f"{self.max_file_bytes} bytes returned here; read it inside the sandbox at "
+                f"{self._location(source, name)}/{filename}."
+            ) from None
         except FileNotFoundError:
             if filename == SKILL_MD:
                 raise NotFound(f"Skill '{name}' has no {SKILL_MD}.") from None
             raise NotFound(f"File '{filename}' not found in skill '{name}'.") from None
         except NotADirectoryError:
             raise NotFound(f"File '{filename}' not found in skill '{name}'.") from None
-
-    def _blocked_error(
-        self, blocked: _Blocked, source: Source, name: str, filename: str
-    ) -> CorralError:
-        where = "/".join(blocked.parts[1:])
-        subject = f"Skill '{name}'" if not where else f"'{where}' in skill '{name}'"
-        if blocked.why == "link":
-            return InvalidInput(
-                f"{subject} is a symbolic link; links in skills are refused, never followed."
-            )
-        if blocked.why == "dir":
-            return InvalidInput(f"'{filename}' in skill '{name}' is a folder, not a file.")
-        if blocked.why == "special":
-            return InvalidInput(
-                f"{subject} is not a regular file (a FIFO, socket or device); it is not read."
-            )
-        return TooLarge(
-            f"File '{filename}' in skill '{name}' is {blocked.size_bytes} bytes, over the "
-            f"{self.max_file_bytes} bytes returned here; read it inside the sandbox at "
-            f"{self._location(source, name)}/{filename}."
-        )
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -407,89 +387,51 @@ def _pending_archives(folder: Path) -> list[Path]:
 def _read_note(path: Path) -> str | None:
     try:
         data = _read_regular(path.parent, (path.name,), MAX_REASON_BYTES, truncate=True)
-    except (_Blocked, OSError):
+    except (UnsafePath, OSError):
         return None
     text = data.decode("utf-8", "replace").strip()
     return " ".join(text.split()) or None
 
 
-class _Blocked(Exception):
-    """A name on the way that is a link, a folder, a special file, or a file too large."""
+def _blocked_error(blocked: UnsafePath, name: str, filename: str) -> CorralError:
+    """The catalog's words for a link, a folder or a special file met on the way."""
+    where = "/".join(blocked.parts[1:])
+    subject = f"Skill '{name}'" if not where else f"'{where}' in skill '{name}'"
+    if isinstance(blocked, LinkRefused):
+        return InvalidInput(
+            f"{subject} is a symbolic link; links in skills are refused, never followed."
+        )
+    if isinstance(blocked, NotRegular) and blocked.is_dir:
+        return InvalidInput(f"'{filename}' in skill '{name}' is a folder, not a file.")
+    if isinstance(blocked, NotRegular):
+        return InvalidInput(
+            f"{subject} is not a regular file (a FIFO, socket or device); it is not read."
+        )
+    return InvalidInput(f"Invalid file name {filename!r}.")
 
-    def __init__(
-        self, why: Literal["link", "dir", "special", "large"], parts: tuple[str, ...], size: int = 0
-    ) -> None:
-        super().__init__(why)
-        self.why = why
-        self.parts = parts
-        self.size_bytes = size
+
+class _Oversized(Exception):
+    """A file longer than could be returned; `size_bytes` is what was seen of it."""
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(size_bytes)
+        self.size_bytes = size_bytes
 
 
 def _read_regular(
     root: Path, parts: tuple[str, ...], max_bytes: int, *, truncate: bool = False
 ) -> bytes:
-    """The bytes of regular file `root/parts...`, no link followed on the way.
+    """The bytes of regular file `root/parts...`, no link followed on the way (`fsafe`).
 
-    Raises `_Blocked`, or FileNotFoundError / NotADirectoryError when a part is missing or a
-    file stands where a folder should. With `truncate`, a longer file is cut at `max_bytes`.
+    Raises `fsafe.UnsafePath`, `_Oversized`, or FileNotFoundError / NotADirectoryError when a
+    part is missing or a file stands where a folder should. With `truncate`, a longer file is
+    cut at `max_bytes`.
     """
-    with _walk(root, parts[:-1]) as parent:
-        info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-        _check_kind(info.st_mode, parts)
-        fd = _open_file(parent, parts)
-    with os.fdopen(fd, "rb") as src:
-        info = os.fstat(src.fileno())
-        _check_kind(info.st_mode, parts)
-        if info.st_size > max_bytes and not truncate:
-            raise _Blocked("large", parts, info.st_size)
+    with os.fdopen(open_file_beneath(root, parts), "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        if size > max_bytes and not truncate:
+            raise _Oversized(size)
         data = src.read(max_bytes + 1)
     if len(data) > max_bytes and not truncate:
-        raise _Blocked("large", parts, len(data))
+        raise _Oversized(len(data))
     return data[:max_bytes]
-
-
-def _open_file(parent: int, parts: tuple[str, ...]) -> int:
-    """Open the last of `parts`; a name swapped for a link or socket since the lstat is refused."""
-    try:
-        return os.open(parts[-1], _READ_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise _Blocked("link", parts) from None
-        if exc.errno == errno.ENXIO:
-            raise _Blocked("special", parts) from None
-        raise
-
-
-def _check_kind(mode: int, parts: tuple[str, ...]) -> None:
-    if stat.S_ISLNK(mode):
-        raise _Blocked("link", parts)
-    if stat.S_ISDIR(mode):
-        raise _Blocked("dir", parts)
-    if not stat.S_ISREG(mode):
-        raise _Blocked("special", parts)
-
-
-@contextlib.contextmanager
-def _walk(root: Path, parts: tuple[str, ...]) -> Iterator[int]:
-    """A descriptor of folder `root/parts...`; `root` is trusted, no part may be a link."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for i, part in enumerate(parts):
-            child = _open_dir(fd, part, parts[: i + 1])
-            os.close(fd)
-            fd = child
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _open_dir(parent: int, name: str, parts: tuple[str, ...]) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
-        if stat.S_ISLNK(mode):
-            raise _Blocked("link", parts) from None
-        raise
