@@ -11,13 +11,13 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from corral.errors import SandboxError
+from corral.fsafe import CREATE_FLAGS, NotPrivate, UnsafePath, open_file_beneath, private_dir
 
 MIN_TOKEN_CHARS = 32
 
@@ -77,7 +77,7 @@ def _checked(token: str, where: str) -> str:
 def _read_or_create(config_dir: Path, path: Path) -> str:
     _private_dir(config_dir)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, CREATE_FLAGS, 0o600)
     except FileExistsError:
         return _read_existing(path)
     with os.fdopen(fd, "w") as out:
@@ -88,12 +88,16 @@ def _read_or_create(config_dir: Path, path: Path) -> str:
 
 def _read_existing(path: Path) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = open_file_beneath(path.parent, (path.name,))
+    except UnsafePath as exc:
+        raise TokenError(
+            f"{path} must be a regular file owned by this user (a link is refused)"
+        ) from exc
     except OSError as exc:
         raise TokenError(f"{path} cannot be opened (a link is refused): {exc.strerror}") from exc
     with os.fdopen(fd) as src:
         info = os.fstat(src.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+        if info.st_uid != os.geteuid():
             raise TokenError(f"{path} must be a regular file owned by this user")
         if info.st_mode & 0o077:
             os.fchmod(src.fileno(), 0o600)
@@ -101,9 +105,10 @@ def _read_existing(path: Path) -> str:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise TokenError(f"{path} must be a directory owned by this user, not a link")
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
+    try:
+        private_dir(path)
+    except NotPrivate as exc:
+        raise TokenError(
+            f"{path} must be a directory owned by this user, not a link, that only this user "
+            f"may write: it {exc.why}"
+        ) from exc

@@ -18,6 +18,7 @@ from pathlib import Path
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
+from corral.fsafe import NotPrivate, private_dir
 from corral.kernels.provisioner import (
     SandboxedKernelManager,
     SandboxProvisioner,
@@ -157,12 +158,12 @@ def make_run_dir(run_root: Path) -> Path:
 
     The root is created 0700 if missing, and refused when it is a link or not ours.
     """
-    run_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(run_root)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise KernelStartFailed(f"run directory root {run_root} is not a directory of ours")
-    if info.st_mode & 0o077:
-        os.chmod(run_root, 0o700)
+    try:
+        private_dir(run_root)
+    except NotPrivate as exc:
+        raise KernelStartFailed(
+            f"run directory root {run_root} is not a directory of ours: it {exc.why}"
+        ) from exc
     run_dir = run_root / secrets.token_hex(6)
     run_dir.mkdir(mode=0o700)
     host_side(run_dir).mkdir(mode=0o700)

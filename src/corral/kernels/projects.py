@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import Conflict, InvalidInput
+from corral.fsafe import closing, lstat_at, open_dir_at
 from corral.mounts import MountSpec, check_name, overlapping
 from corral.protect import Plan, ProtectedBind, changes, escape_name, prepare, scan
 from corral.sandbox.policy import WORKSPACE, Bind
@@ -157,14 +158,11 @@ def make_mount_point(workspace: Path, name: str) -> None:
     The sandbox can write its workspace: an entry it replaced with a link or a file is
     refused (bwrap would otherwise follow it while mounting).
     """
-    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
+    with closing(open_dir_at(None, workspace)) as fd:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o755, dir_fd=fd)
-        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-    finally:
-        os.close(fd)
-    if not stat.S_ISDIR(mode):
+        info = lstat_at(fd, name)
+    if info is None or not stat.S_ISDIR(info.st_mode):
         raise InvalidInput(
             f"the workspace entry {escape_name(name)!r} is not a directory, so mount "
             f"{escape_name(name)!r} cannot be placed there; delete it from the workspace"

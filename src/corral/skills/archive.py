@@ -35,6 +35,7 @@ from typing import IO, Any
 import yaml  # type: ignore[import-untyped]
 
 from corral.errors import InvalidInput
+from corral.fsafe import CREATE_FLAGS, closing, open_dir_at, walk
 
 MIB = 1024 * 1024
 SKILL_MD = "SKILL.md"
@@ -46,7 +47,6 @@ MAX_NAME_BYTES = 255  # one part of a member name, as on Linux
 SKILL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 IGNORED_TOP = "__MACOSX"  # macOS Finder's resource forks: never part of a skill
 READABLE_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
-_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
 _ZIP64_LOCATOR = struct.Struct("<4sLQL")
 _ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
@@ -139,7 +139,7 @@ def set_aside(zip_path: Path, reason: str) -> Path:
     note = bad.with_name(bad.name + ".txt")
     with contextlib.suppress(FileNotFoundError):
         note.unlink()  # never write through a link someone left at the name
-    fd = os.open(note, _FILE_FLAGS, 0o644)
+    fd = os.open(note, CREATE_FLAGS, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(reason.strip() + "\n")
     return bad
@@ -313,7 +313,11 @@ def _directory_bounds(raw: IO[bytes]) -> tuple[int, int] | None:
 def _extract(
     archive: zipfile.ZipFile, members: list[_Member], user_dir: Path, name: str, max_total: int
 ) -> Path:
-    """Stream the members into a hidden folder in `user_dir`, then rename it to `name`."""
+    """Stream the members into a hidden folder in `user_dir`, then rename it to `name`.
+
+    Folders and files are made beneath the new folder's descriptor (`fsafe`), never by a
+    path that something else in the user folder could have redirected.
+    """
     user_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     temp = user_dir / f".unpack-{secrets.token_hex(8)}"
     temp.mkdir(mode=0o700)
@@ -321,13 +325,12 @@ def _extract(
         root = temp / name
         root.mkdir(mode=0o755)
         budget = _Budget(max_total)
-        for member in members:
-            dest = root.joinpath(*member.parts)
-            if member.is_dir:
-                dest.mkdir(mode=0o755, parents=True, exist_ok=True)
-            else:
-                dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                _write_member(archive, member.info, dest, budget)
+        with closing(open_dir_at(None, root)) as root_fd:
+            for member in members:
+                folder = member.parts if member.is_dir else member.parts[:-1]
+                with walk(root_fd, folder, create_mode=0o755) as parent:
+                    if not member.is_dir:
+                        _write_member(archive, member.info, parent, member.parts[-1], budget)
         _check_free(user_dir, name)  # again: another unpack may have finished meanwhile
         os.rename(root, user_dir / name)
         return user_dir / name
@@ -349,11 +352,11 @@ class _Budget:
 
 
 def _write_member(
-    archive: zipfile.ZipFile, info: zipfile.ZipInfo, dest: Path, budget: _Budget
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, parent: int, name: str, budget: _Budget
 ) -> None:
     mode = 0o755 if (info.external_attr >> 16) & stat.S_IXUSR else 0o644
     written = 0
-    with archive.open(info) as src, _new_file(dest, mode) as out:
+    with archive.open(info) as src, _new_file(parent, name, mode) as out:
         for chunk in _chunks(src, info.filename):
             written += len(chunk)
             if written > info.file_size:
@@ -375,8 +378,8 @@ def _chunks(src: IO[bytes], member: str) -> Iterator[bytes]:
 
 
 @contextlib.contextmanager
-def _new_file(path: Path, mode: int) -> Iterator[IO[bytes]]:
-    fd = os.open(path, _FILE_FLAGS, mode)
+def _new_file(parent: int, name: str, mode: int) -> Iterator[IO[bytes]]:
+    fd = os.open(name, CREATE_FLAGS, mode, dir_fd=parent)
     with os.fdopen(fd, "wb") as out:
         yield out
 
