@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,31 @@ def test_role_lookup(tmp_path: Path) -> None:
     assert tokens.role_of(tokens.admin) is Role.ADMIN
     assert tokens.role_of(tokens.agent + "x") is None
     assert tokens.role_of("") is None
+
+
+def test_fifo_token_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.mkdir(mode=0o700)
+    os.mkfifo(token_path(config, Role.AGENT))
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            load_tokens(config, env={})
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(10.0)
+    assert not worker.is_alive(), "reading a FIFO token file blocked"
+    assert len(outcome) == 1 and isinstance(outcome[0], TokenError)
+    assert "regular file" in str(outcome[0])
+
+
+def test_group_writable_config_directory_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    config.chmod(0o770)
+    with pytest.raises(TokenError, match="writable by its group or others"):
+        load_tokens(config, env={})

@@ -148,6 +148,15 @@ def check_component(name: str, where: Sequence[str] = ()) -> None:
         raise BadComponent((*where, name))
 
 
+def parts_of(path: str) -> tuple[str, ...]:
+    """The components of relative path `path` ('a/b' is ('a', 'b')); `BadComponent` for an
+    absolute path, an empty one, or an empty, '.' or '..' component."""
+    parts = tuple(path.split("/"))
+    for index, name in enumerate(parts):
+        check_component(name, parts[:index])
+    return parts
+
+
 def open_dir_at(parent: int | None, name: str | Path, where: Sequence[str] = ()) -> int:
     """A descriptor of directory `name` in `parent` (or of a path), its last part no link.
 

@@ -25,6 +25,7 @@ from corral.fsafe import (
     describe,
     open_dir_at,
     open_file_at,
+    parts_of,
     private_dir,
 )
 from corral.protect.clone import clone_or_copy
@@ -60,7 +61,7 @@ def prepare(plan: Plan, root: Path, copies_dir: Path) -> list[ProtectedBind]:
 
 
 def _prepare_file(plan: Plan, root_fd: int, item: Item, target: Path) -> ProtectedBind:
-    name = item.rel.split("/")[-1]
+    name = parts_of(item.rel)[-1]
     with closing(_open_parent(plan, root_fd, item.rel)) as parent:
         try:
             fd = open_file_at(parent, name)
@@ -144,8 +145,8 @@ def _copy_one(plan: Plan, parent: int, name: str, dst: Path, rel: str) -> None:
 
 def _open_parent(plan: Plan, root_fd: int, rel: str) -> int:
     """A descriptor of the directory holding `rel`, walked from the root with no link."""
+    parts = parts_of(rel)
     fd = os.dup(root_fd)
-    parts = rel.split("/")
     try:
         for index, part in enumerate(parts[:-1]):
             try:
