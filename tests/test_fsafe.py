@@ -24,6 +24,7 @@ from corral.fsafe import (
     open_file_beneath,
     parts_of,
     private_dir,
+    remove_tree,
     walk,
 )
 
@@ -181,6 +182,15 @@ def test_walk_makes_missing_directories_with_the_exact_mode(tree: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE((tree / "new" / "deeper").stat().st_mode) == 0o755
+
+
+def test_removing_a_tree_unlinks_links_and_never_enters_them(tree: Path) -> None:
+    os.symlink(tree.parent / "outside", tree / "a" / "b" / "hop")
+    (tree / "a" / "b" / "c" / "d").mkdir(parents=True)
+    with closing(os.open(tree, os.O_RDONLY | os.O_DIRECTORY)) as root_fd:
+        remove_tree(root_fd, "a")
+    assert not (tree / "a").exists()
+    assert (tree.parent / "outside" / "secret.txt").read_text() == "secret"
 
 
 def test_lstat_kind_describes_a_link_itself(tree: Path) -> None:

@@ -62,6 +62,7 @@ from corral.fsafe import (
     kind_of,
     open_dir_at,
     open_file_at,
+    remove_tree,
     walk,
 )
 from corral.sandbox.policy import WORKSPACE
@@ -210,7 +211,7 @@ class Workspace:
             if not stat.S_ISDIR(info.st_mode):
                 os.unlink(name, dir_fd=parent)
             elif recursive:
-                _remove_tree(parent, name)
+                remove_tree(parent, name)
             else:
                 os.rmdir(name, dir_fd=parent)
 
@@ -438,64 +439,3 @@ class _Lister:
                     path = f"{prefix}/{item.name}" if prefix else item.name
                     found.append((item.name, _entry(path, info)))
         return sorted(found, key=lambda pair: pair[0])
-
-
-# -- deleting --------------------------------------------------------------------------------
-
-
-def _remove_tree(parent: int, name: str) -> None:
-    """Remove directory `name` of `parent` and all it holds, following no link.
-
-    Depth costs no descriptors and no recursion: each pass over the top directory unlinks its
-    non-directories, removes its empty directories and moves the children of the others up
-    into it, until it is empty. Interrupted, the tree is left with some names moved up.
-    """
-    with closing(open_dir_at(parent, name)) as top:
-        while _remove_one_level(top):
-            pass
-    os.rmdir(name, dir_fd=parent)
-
-
-def _remove_one_level(top: int) -> bool:
-    """One pass of `_remove_tree`; False when `top` was already empty."""
-    seen = False
-    with os.scandir(top) as it:
-        for item in it:
-            seen = True
-            if not item.is_dir(follow_symlinks=False):
-                _unlink_quietly(top, item.name)
-            elif not _rmdir_if_empty(top, item.name):
-                _hoist_children(top, item.name)
-    return seen
-
-
-def _hoist_children(top: int, name: str) -> None:
-    """Unlink the non-directories of `name` and move its directories up into `top`."""
-    with closing(open_dir_at(top, name)) as sub, os.scandir(sub) as it:
-        for item in it:
-            if item.is_dir(follow_symlinks=False):
-                fresh = f".corral-rm-{secrets.token_hex(8)}"
-                os.rename(item.name, fresh, src_dir_fd=sub, dst_dir_fd=top)
-            else:
-                _unlink_quietly(sub, item.name)
-
-
-def _rmdir_if_empty(parent: int, name: str) -> bool:
-    try:
-        os.rmdir(name, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-            return False
-        if exc.errno == errno.ENOENT:
-            return True
-        if exc.errno == errno.ENOTDIR:  # swapped for a file or a link meanwhile
-            _unlink_quietly(parent, name)
-            return True
-        raise
-    return True
-
-
-def _unlink_quietly(parent: int, name: str) -> None:
-    """Unlink `name` (never following it); already gone is fine."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name, dir_fd=parent)

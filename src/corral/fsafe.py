@@ -6,6 +6,7 @@ and then opened: a path is walked one component at a time from a directory descr
 directory opened with `O_DIRECTORY | O_NOFOLLOW`, and a file is opened with `O_NOFOLLOW |
 O_NONBLOCK` (a FIFO swapped in never blocks) and checked on its descriptor. There is then no
 check-then-use race to win: a link swapped in between two calls is refused, not followed.
+`remove_tree` deletes a directory the same way: a link in it is unlinked, never entered.
 
 Callers: `files` (the workspace API), `protect` (project scans and copies), `skills` (the
 catalog and the archive unpacker), `kernels.projects` (mount points), `tokens` and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -303,3 +305,65 @@ def private_dir(path: Path) -> None:
             raise NotPrivate(path, "is writable by its group or others")
         if stat.S_IMODE(info.st_mode) != PRIVATE_MODE:
             os.fchmod(fd, PRIVATE_MODE)
+
+
+# -- removing --------------------------------------------------------------------------------
+
+
+def remove_tree(parent: int, name: str) -> None:
+    """Remove directory `name` of `parent` and all it holds, following no link.
+
+    Depth costs no descriptors and no recursion: each pass over the top directory unlinks its
+    non-directories, removes its empty directories and moves the children of the others up
+    into it, until it is empty. Interrupted, the tree is left with some names moved up.
+    Raises `LinkRefused` when `name` itself is a link (a link inside is unlinked, as a name).
+    """
+    with closing(open_dir_at(parent, name)) as top:
+        while _remove_one_level(top):
+            pass
+    os.rmdir(name, dir_fd=parent)
+
+
+def _remove_one_level(top: int) -> bool:
+    """One pass of `remove_tree`; False when `top` was already empty."""
+    seen = False
+    with os.scandir(top) as it:
+        for item in it:
+            seen = True
+            if not item.is_dir(follow_symlinks=False):
+                _unlink_quietly(top, item.name)
+            elif not _rmdir_if_empty(top, item.name):
+                _hoist_children(top, item.name)
+    return seen
+
+
+def _hoist_children(top: int, name: str) -> None:
+    """Unlink the non-directories of `name` and move its directories up into `top`."""
+    with closing(open_dir_at(top, name)) as sub, os.scandir(sub) as it:
+        for item in it:
+            if item.is_dir(follow_symlinks=False):
+                fresh = f".corral-rm-{secrets.token_hex(8)}"
+                os.rename(item.name, fresh, src_dir_fd=sub, dst_dir_fd=top)
+            else:
+                _unlink_quietly(sub, item.name)
+
+
+def _rmdir_if_empty(parent: int, name: str) -> bool:
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        if exc.errno == errno.ENOENT:
+            return True
+        if exc.errno == errno.ENOTDIR:  # swapped for a file or a link meanwhile
+            _unlink_quietly(parent, name)
+            return True
+        raise
+    return True
+
+
+def _unlink_quietly(parent: int, name: str) -> None:
+    """Unlink `name` (never following it); already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=parent)
