@@ -14,7 +14,8 @@ catalog and the archive unpacker), `kernels.projects` (mount points), `tokens` a
 
 Errors, each an `UnsafePath` (an `InvalidInput`) with `parts`, the path up to the offending
 component, and a fixed message; callers translate them into the errors their APIs promise:
-    BadComponent   an empty, '.', '..', NUL-containing or '/'-containing component
+    BadComponent   an empty, '.', '..', NUL-containing or '/'-containing component (so
+                   `parts_of` refuses an absolute path)
     LinkRefused    a symbolic link where a directory or a file is wanted
     NotRegular     a directory or a special file (FIFO, socket, device) where a file is wanted
     NotPrivate     a private directory that is a link, not a directory, owned by another
