@@ -12,12 +12,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from corral.fsafe import DIR_FLAGS, closing, lstat_at
+from corral.fsafe import DIR_FLAGS, UnsafePath, closing, lstat_at, walk
 from corral.protect.fingerprint import fingerprint_path, tree_fingerprints
 from corral.protect.names import escape_name, join
 from corral.protect.plan import Fingerprint, Plan, ProtectedBind, Stamp
 from corral.protect.scan import Scanner
-from corral.protect.tree import open_real_dir, open_root
+from corral.protect.tree import open_root
 
 
 def changes(
@@ -88,15 +88,9 @@ def _same_as(now: Stamp | None, before: Stamp) -> bool:
 def _stamp_at(root_fd: int, rel: str) -> Stamp | None:
     """The stamp of `rel`, reached through real directories only; None if that fails."""
     parts = rel.split("/")
-    fd = os.dup(root_fd)
     try:
-        for part in parts[:-1]:
-            child = open_real_dir(fd, part)
-            if child is None:
-                return None
-            os.close(fd)
-            fd = child
-        info = lstat_at(fd, parts[-1])
-        return None if info is None else Stamp.of(info)
-    finally:
-        os.close(fd)
+        with walk(root_fd, parts[:-1]) as parent:
+            info = lstat_at(parent, parts[-1])
+    except (UnsafePath, FileNotFoundError, NotADirectoryError):
+        return None
+    return None if info is None else Stamp.of(info)
