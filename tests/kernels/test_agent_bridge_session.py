@@ -224,17 +224,17 @@ async def test_enabling_the_bridge_takes_effect_at_the_next_start(
 ) -> None:
     await service.create_session("later")
     report = service.set_bridge("later", True)
-    assert report["restart_needed"] is True and report["active"] is False
+    assert report.restart_needed is True and report.active is False
     assert "sock=unset" in await run(
         service, "later", 'echo "sock=${SSH_AUTH_SOCK-unset}"', language="bash"
     )
     await service.restart_session("later")
     again = service.set_bridge("later", True)
-    assert again["active"] is True and again["restart_needed"] is False
+    assert again.active is True and again.restart_needed is False
     listed = await run(service, "later", "ssh-add -l", language="bash")
     assert host_agent.fingerprint in listed
     off = service.set_bridge("later", False)
-    assert off["active"] is True and off["restart_needed"] is True
+    assert off.active is True and off.restart_needed is True
     admin = service.audit_page(kind="admin", session="later")["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 
