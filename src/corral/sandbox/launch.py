@@ -81,13 +81,17 @@ def _admit(process: subprocess.Popen[bytes], box: LimitBox) -> None:
         _end(process)
         box.forget(process.pid)
         stdin.close()
+        process.stdin = None
         raise AdmissionFailed(f"cannot put the sandbox under its limits: {exc}") from exc
     try:
         stdin.write(b"go\n")
         stdin.close()
     except BrokenPipeError as exc:  # the gate died while it waited
         _end(process)
+        box.forget(process.pid)
         raise AdmissionFailed("the sandbox gate exited before it was let through") from exc
+    finally:
+        process.stdin = None  # closed: communicate() and wait() must not touch it
 
 
 def _end(process: subprocess.Popen[bytes]) -> None:
