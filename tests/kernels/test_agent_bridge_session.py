@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral.config import Settings
+from corral.controls import BridgeReport
 from corral.errors import InvalidInput
 from corral.kernels.run import SANDBOX_AGENT_SOCK, SANDBOX_BRIDGE_DIR
 from corral.service import Service
@@ -89,12 +90,12 @@ async def bridged(service: Service, sid: str) -> None:
     """Create `sid` stopped, enable its bridge as the operator does, then start it."""
     await service.sessions.create(sid, start=False)
     report = service.set_bridge(sid, True)
-    assert report == {
-        "session_id": sid,
-        "ssh_agent": True,
-        "active": False,
-        "restart_needed": False,
-    }
+    assert report == BridgeReport(
+        session_id=sid,
+        ssh_agent=True,
+        active=False,
+        restart_needed=False,
+    )
     await service.start_session(sid)
 
 
