@@ -24,10 +24,14 @@ from collections.abc import Sequence
 from typing import IO
 
 from corral.errors import AdmissionFailed
-from corral.sandbox.boxes import GATE_ARGV, LimitBox
+from corral.sandbox.boxes import LimitBox
 from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.seccomp import filter_fd
+
+# `sh -c GATE corral-gate ARGV...`: exec ARGV once the launcher writes "go"; exit on EOF.
+GATE_SCRIPT = 'IFS= read -r go && [ "$go" = go ] && exec "$@"; exit 125'
+GATE_ARGV = ("/bin/sh", "-c", GATE_SCRIPT, "corral-gate")
 
 Output = int | IO[bytes] | None  # what subprocess accepts: DEVNULL, PIPE, a file
 
