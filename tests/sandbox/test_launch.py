@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from corral.config import Settings
-from corral.errors import AdmissionFailed
+from corral.errors import AdmissionFailed, FetchTimedOut
 from corral.kernels.factory import KernelFactory
 from corral.sandbox.boxes import LimitBox, RlimitBox
 from corral.sandbox.launch import start_sandbox
@@ -179,3 +179,17 @@ async def test_seccomp_applies_to_a_browser_sandbox(service: Service) -> None:
         "@browser-launch", [python, "-c", PTRACE], WAIT_S
     )
     assert stdout.decode().strip() == DENIED, stderr.decode()
+
+
+async def test_a_browser_sandbox_past_its_deadline_is_killed(service: Service) -> None:
+    marker = f"corral-overdue-{secrets.token_hex(4)}"
+    python = service.browser.factory.runtime.sandbox_python
+    sleeper = [python, "-c", f"import time; time.sleep(300)  # {marker}"]
+    with pytest.raises(FetchTimedOut, match="did not finish within 1 s"):
+        await service.browser.run_in_sandbox("@browser-overdue", sleeper, 1.0)
+
+    def gone() -> bool:
+        running = [p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])]
+        return not [cmd for cmd in running if any(marker in part for part in cmd)]
+
+    assert await _wait_until(gone)
