@@ -125,7 +125,14 @@ def test_a_refused_admission_raises_and_leaves_no_process(
     marker = f"corral-never-{secrets.token_hex(4)}"
     refusing = RefusingBox("refusing", settings.limits)
     with pytest.raises(AdmissionFailed, match="cannot put the sandbox under its limits"):
-        start_sandbox(policy, ["python", "-c", f"# {marker}"], bwrap=factory.bwrap, box=refusing)
+        start_sandbox(
+            policy,
+            ["python", "-c", f"# {marker}"],
+            bwrap=factory.bwrap,
+            box=refusing,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     assert refusing.seen is not None
     with pytest.raises(ProcessLookupError):
         os.kill(refusing.seen, 0)  # killed and reaped: not even a zombie is left

@@ -18,6 +18,7 @@ output goes, and get a `subprocess.Popen`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Sequence
@@ -75,30 +76,33 @@ def start_sandbox(
 
 def _admit(process: subprocess.Popen[bytes], box: LimitBox) -> None:
     """Put the waiting gate under the box's limits, then let it exec bwrap."""
-    stdin = process.stdin
-    if stdin is None:  # Popen was given PIPE; this cannot happen, but must not pass silently
-        _end(process)
-        raise AdmissionFailed("the sandbox gate has no stdin")
+    stdin, process.stdin = process.stdin, None  # closed here: communicate() must not use it
     try:
-        box.admit(process.pid)
-    except (OSError, ValueError) as exc:
-        _end(process)
-        box.forget(process.pid)
-        stdin.close()
-        process.stdin = None
-        raise AdmissionFailed(f"cannot put the sandbox under its limits: {exc}") from exc
-    try:
-        stdin.write(b"go\n")
-        stdin.close()
-    except BrokenPipeError as exc:  # the gate died while it waited
-        _end(process)
-        box.forget(process.pid)
-        raise AdmissionFailed("the sandbox gate exited before it was let through") from exc
+        if stdin is None:
+            raise AdmissionFailed("the sandbox gate has no stdin")
+        try:
+            box.admit(process.pid)
+        except (OSError, ValueError) as exc:
+            raise AdmissionFailed(f"cannot put the sandbox under its limits: {exc}") from exc
+        try:
+            stdin.write(b"go\n")
+            stdin.flush()
+        except BrokenPipeError as exc:
+            raise AdmissionFailed("the sandbox gate exited before it was let through") from exc
+    except AdmissionFailed:
+        _end(process, box)
+        raise
     finally:
-        process.stdin = None  # closed: communicate() and wait() must not touch it
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
 
 
-def _end(process: subprocess.Popen[bytes]) -> None:
-    """Kill and reap a gate that must not go on."""
+def _end(process: subprocess.Popen[bytes], box: LimitBox) -> None:
+    """Kill and reap a gate that must not go on, and close the pipes to it."""
     process.kill()
     process.wait()
+    box.forget(process.pid)
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
