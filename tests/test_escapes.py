@@ -972,7 +972,7 @@ async def test_exhaust_pids_with_a_fork_loop(host: Host) -> None:
     result = await execute(host, FORK_LOOP, B)
     assert result.limit == "tasks", result.text()
     assert result.message is not None and f"limit of {TASKS} tasks" in result.message
-    if host.service.sessions.mechanism.name == "rlimit":
+    if host.service.sessions.factory.mechanism.name == "rlimit":
         assert result.status == "died"
     else:
         assert result.status == "error", result.text()
@@ -988,7 +988,9 @@ async def test_exhaust_memory_with_a_bytearray(host: Host) -> None:
         execute(host, "hog = bytearray(1 << 30)", B), execute(host, "1 + 1", A)
     )
     assert bomb.limit == "memory", bomb.text()
-    assert bomb.status == ("error" if host.service.sessions.mechanism.name == "rlimit" else "died")
+    assert bomb.status == (
+        "error" if host.service.sessions.factory.mechanism.name == "rlimit" else "died"
+    )
     assert bomb.message is not None and "256 MiB memory limit" in bomb.message
     assert beside.results == [{"text/plain": "2"}]
     await answers(host, A)

@@ -29,7 +29,6 @@ from corral.config import Settings
 from corral.doctor import run_checks
 from corral.errors import CorralError, InvalidInput
 from corral.kernels.results import ExecutionResult
-from corral.mounts import configured_mounts
 from corral.protect import validate_protected_names
 from corral.sandbox.limits import format_size
 from corral.service import Service
@@ -246,18 +245,17 @@ def serve(
     from corral.server.app import serve as run_server
 
     settings = _settings()
-    settings = replace(
-        settings,
-        host=host or settings.host,
-        port=port or settings.port,
-        forward_env=_joined(settings.forward_env, forward_env),
-        mounts=_joined(settings.mounts, mount),
-        protected_files=_joined(settings.protected_files, protect),
-        allow_home_mount=allow_home_mount or settings.allow_home_mount,
-    )
     try:
+        settings = replace(  # checks the mounts on disk
+            settings,
+            host=host or settings.host,
+            port=port or settings.port,
+            forward_env=_joined(settings.forward_env, forward_env),
+            mounts=_joined(settings.mounts, mount),
+            protected_files=_joined(settings.protected_files, protect),
+            allow_home_mount=allow_home_mount or settings.allow_home_mount,
+        )
         settings.forwarded_names  # noqa: B018 - validates every name before serving
-        configured_mounts(settings)
         validate_protected_names(settings.protected_names)
     except InvalidInput as exc:
         raise click.UsageError(str(exc)) from exc

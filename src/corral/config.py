@@ -10,12 +10,13 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import platformdirs
 
 from corral.errors import InvalidInput
+from corral.mounts import MountSpec, parse_mount_list, validate_mounts
 from corral.sandbox.limits import Limits, parse_size
 
 MIB = 1024 * 1024
@@ -23,7 +24,13 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything configurable about a corral server. Units are in the names."""
+    """Everything configurable about a corral server. Units are in the names.
+
+    Construction (and so `from_env` and `dataclasses.replace`) checks what later code relies
+    on and keeps it parsed: `limits`, the limits a new session starts with, and
+    `mount_specs`, the operator's project mounts by name (each folder checked on disk: no
+    link, not corral's own folders, not the home unless allowed). Raises `InvalidInput`.
+    """
 
     state_dir: Path
     run_root: Path
@@ -67,10 +74,17 @@ class Settings:
     pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none
     pool_memory_bytes: int = 512 * MIB  # what the ready kernels may hold together (their PSS)
     pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
+    # Parsed from the fields above at construction; never set directly.
+    limits: Limits = field(init=False, repr=False, compare=False)
+    mount_specs: Mapping[str, MountSpec] = field(init=False, repr=False, compare=False)
 
-    def default_limits(self) -> Limits:
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", self._parse_limits())
+        object.__setattr__(self, "mount_specs", self._parse_mounts())
+
+    def _parse_limits(self) -> Limits:
         """The limits a new session starts with; the operator may change them per session."""
-        return Limits(
+        limits = Limits(
             memory_bytes=self.memory_bytes,
             cpus=self.cpus,
             tasks=self.tasks,
@@ -79,6 +93,17 @@ class Settings:
             exec_timeout_s=self.exec_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             output_bytes=self.max_output_bytes,
+        )
+        return limits.changed(limits.to_dict())  # the configured limits pass the same checks
+
+    def _parse_mounts(self) -> Mapping[str, MountSpec]:
+        if not self.mounts.strip():
+            return {}
+        return validate_mounts(
+            parse_mount_list(self.mounts),
+            home=Path.home(),
+            protected=[self.state_dir, self.config_dir, self.run_root],
+            allow_home=self.allow_home_mount,
         )
 
     @property
@@ -110,7 +135,7 @@ class Settings:
         overrides: dict[str, object] = {}
         for spec in fields(cls):
             raw = env.get(f"CORRAL_{spec.name.upper()}")
-            if raw is None or spec.name in ("state_dir", "run_root", "config_dir"):
+            if raw is None or not spec.init or spec.name in ("state_dir", "run_root", "config_dir"):
                 continue
             overrides[spec.name] = _parse(spec.name, raw, getattr(settings, spec.name))
         return replace(settings, **overrides)  # type: ignore[arg-type]

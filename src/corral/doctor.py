@@ -89,7 +89,7 @@ def _check_limits(settings: Settings) -> list[Check]:
     """The mechanism (tried for real: a session box made and removed), then each limit."""
     try:
         mechanism = choose_mechanism(settings.limit_mechanism)
-        box = make_box(mechanism, f"doctor-{os.getpid()}", settings.default_limits())
+        box = make_box(mechanism, f"doctor-{os.getpid()}", settings.limits)
         box.create()
         box.remove()
     except CorralError as exc:

@@ -23,6 +23,7 @@
         ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
         │   └── ShuttingDown    the server is stopping; the call was not run (503)
         ├── StateUnavailable    the state database stayed locked or its disk is full (503)
+        ├── AdmissionFailed     (sandbox.launch) a sandbox could not be put under its limits
         ├── KernelStartFailed   a kernel did not come up inside its sandbox
         └── KernelUnreachable   a running kernel stopped answering before the code was sent
 
@@ -94,6 +95,10 @@ class StateUnavailable(SandboxError):
 
 class ShuttingDown(SandboxUnavailable):
     """The server is stopping: the call was not run; send it again once the server is back."""
+
+
+class AdmissionFailed(SandboxError):
+    """A sandbox could not be put under its limits before it ran; nothing of it runs."""
 
 
 class KernelStartFailed(SandboxError):

@@ -22,10 +22,13 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from corral.config import Settings
 from corral.errors import InvalidInput
 from corral.protect import escape_name
+
+if TYPE_CHECKING:
+    from corral.config import Settings
 
 MOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SUFFIXES = {":ro": False, ":rw": True}
@@ -242,10 +245,6 @@ def _show(text: str) -> str:
 
 
 def configured_mounts(settings: Settings) -> dict[str, MountSpec]:
-    """The operator's mounts from `settings.mounts`, validated against corral's own folders."""
-    return validate_mounts(
-        parse_mount_list(settings.mounts),
-        home=Path.home(),
-        protected=[settings.state_dir, settings.config_dir, settings.run_root],
-        allow_home=settings.allow_home_mount,
-    )
+    """The operator's mounts from `settings.mounts`, as `Settings` validated them when it
+    was made (against corral's own folders and the home)."""
+    return dict(settings.mount_specs)

@@ -11,12 +11,14 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
 from corral.audit import AuditLog
 from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
+from corral.controls import BridgeReport, LimitsReport, change_limits, limits_report, switch_bridge
 from corral.egress.network import Network
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
@@ -53,9 +55,9 @@ class Service:
             self._audit_decision,
             **({"resolver": resolver} if resolver else {}),
         )
-        self.sessions.egress = self.network
-        self.sessions.on_event = self._audit_event
-        self.browser = Browser(settings, self.sessions, self.network)
+        self.sessions.factory.egress = self.network
+        self.sessions.factory.on_event = self._audit_event
+        self.browser = Browser(settings, self.sessions.factory, self.network)
         self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
 
     async def __aenter__(self) -> Service:
@@ -200,9 +202,12 @@ class Service:
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
 
-    def set_bridge(self, session_id: str, enabled: bool) -> dict[str, Any]:
-        """Enable or disable a session's SSH agent bridge (admin)."""
-        report = self.sessions.set_bridge(session_id, enabled)
+    def set_bridge(self, session_id: str, enabled: bool) -> BridgeReport:
+        """Enable or disable a session's SSH agent bridge (admin). It takes effect when the
+        session's kernels next start; the report says whether a restart is needed."""
+        session = self.sessions.session_for(session_id)
+        report = switch_bridge(session, enabled)
+        self.sessions.save_options(session)
         self._audit_admin("set_bridge", session_id, {"ssh_agent": enabled})
         return report
 
@@ -253,15 +258,25 @@ class Service:
 
     # -- limits ------------------------------------------------------------------------------
 
-    def session_limits(self, session_id: str) -> dict[str, Any]:
+    def session_limits(self, session_id: str) -> LimitsReport:
         """A session's limits, the mechanism enforcing them, and its usage (admin)."""
-        return self.sessions.get_limits(session_id)
+        session = self.sessions.session_for(session_id)
+        return limits_report(session, self.sessions.factory.mechanism.name)
 
-    def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """Change a session's limits (admin); running sandboxes change where they can."""
-        report = self.sessions.set_limits(session_id, changes)
+    def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> LimitsReport:
+        """Change a session's limits (admin); running sandboxes change at once where they
+        can, the rest (the tmpfs size) from their next start. Raises `InvalidInput` for an
+        unknown or bad value, `LimitRefused` when the kernel refuses."""
+        session = self.sessions.session_for(session_id)
+        live = change_limits(session, changes)
+        self.sessions.save_options(session)
         self._audit_admin("set_limits", session_id, {"changes": changes})
-        return report
+        report = limits_report(session, self.sessions.factory.mechanism.name)
+        return replace(
+            report,
+            changed_now=tuple(sorted(live)),
+            changed_at_next_start=tuple(sorted(set(changes) - live)),
+        )
 
     # -- network -----------------------------------------------------------------------------
 

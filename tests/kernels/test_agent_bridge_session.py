@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral.config import Settings
+from corral.controls import BridgeReport
 from corral.errors import InvalidInput
 from corral.kernels.run import SANDBOX_AGENT_SOCK, SANDBOX_BRIDGE_DIR
 from corral.service import Service
@@ -89,12 +90,12 @@ async def bridged(service: Service, sid: str) -> None:
     """Create `sid` stopped, enable its bridge as the operator does, then start it."""
     await service.sessions.create(sid, start=False)
     report = service.set_bridge(sid, True)
-    assert report == {
-        "session_id": sid,
-        "ssh_agent": True,
-        "active": False,
-        "restart_needed": False,
-    }
+    assert report == BridgeReport(
+        session_id=sid,
+        ssh_agent=True,
+        active=False,
+        restart_needed=False,
+    )
     await service.start_session(sid)
 
 
@@ -224,17 +225,17 @@ async def test_enabling_the_bridge_takes_effect_at_the_next_start(
 ) -> None:
     await service.create_session("later")
     report = service.set_bridge("later", True)
-    assert report["restart_needed"] is True and report["active"] is False
+    assert report.restart_needed is True and report.active is False
     assert "sock=unset" in await run(
         service, "later", 'echo "sock=${SSH_AUTH_SOCK-unset}"', language="bash"
     )
     await service.restart_session("later")
     again = service.set_bridge("later", True)
-    assert again["active"] is True and again["restart_needed"] is False
+    assert again.active is True and again.restart_needed is False
     listed = await run(service, "later", "ssh-add -l", language="bash")
     assert host_agent.fingerprint in listed
     off = service.set_bridge("later", False)
-    assert off["active"] is True and off["restart_needed"] is True
+    assert off.active is True and off.restart_needed is True
     admin = service.audit_page(kind="admin", session="later")["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 

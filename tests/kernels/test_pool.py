@@ -91,7 +91,7 @@ async def test_a_pool_session_is_a_whole_session(pooled: Service) -> None:
     """Limits, packages, files and restart behave as in a cold session."""
     await pooled.create_session("whole")
     limits = pooled.session_limits("whole")
-    assert limits["usage"] is not None and limits["usage"]["tasks"] >= 1
+    assert limits.usage is not None and limits.usage.tasks >= 1
     prefix = await run(pooled, "whole", "import sys; print(sys.prefix)")
     assert prefix.stdout.strip() == "/opt/corral/env"
     pooled.write_file("whole", "in.txt", b"from the files api")
@@ -160,7 +160,7 @@ async def test_non_default_profiles_start_cold(settings: Settings, tmp_path: Pat
         service.set_session_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
         limited = await service.start_session("limited")
         assert not limited.from_pool
-        assert service.session_limits("limited")["limits"]["memory_bytes"] == 300 * KERNEL_MIB
+        assert service.session_limits("limited").limits["memory_bytes"] == 300 * KERNEL_MIB
 
         await service.create_session("resumed")
         await run(service, "resumed", "open('kept.txt','w').write('kept')")

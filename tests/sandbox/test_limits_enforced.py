@@ -168,7 +168,7 @@ async def limited(tmp_path: Path, run_root: Path, mechanism: str) -> AsyncIterat
 
 
 def is_rlimit(service: Service) -> bool:
-    return service.sessions.mechanism.name == "rlimit"
+    return service.sessions.factory.mechanism.name == "rlimit"
 
 
 async def run(service: Service, sid: str, code: str, timeout_s: float = 20.0) -> ExecutionResult:
@@ -304,7 +304,7 @@ async def test_tmpfs_pages_count_toward_memory(limited: Service) -> None:
     await limited.create_session("lim-tmpfs")
     await keep_a_file(limited, "lim-tmpfs")
     report = limited.set_session_limits("lim-tmpfs", {"tmp_bytes": "512M"})
-    assert report["changed_at_next_start"] == ["tmp_bytes"]
+    assert report.changed_at_next_start == ("tmp_bytes",)
     await limited.restart_session("lim-tmpfs")
     size = await value(
         limited, "lim-tmpfs", "import os; s = os.statvfs('/tmp'); s.f_blocks * s.f_frsize"
@@ -422,7 +422,7 @@ async def test_cpu_quota_caps_a_busy_loop(limited: Service) -> None:
         pytest.skip("rlimit mode lowers priority, it does not cap")
     await limited.create_session("lim-cpu")
     report = limited.set_session_limits("lim-cpu", {"cpus": 0.25})
-    assert report["changed_now"] == ["cpus"]
+    assert report.changed_now == ("cpus",)
     result = await run(limited, "lim-cpu", CPU_SPINNER)
     assert result.status == "ok", result.text()
     wall_s, cpu_s = (float(word) for word in result.stdout.split())
@@ -450,7 +450,7 @@ async def test_busy_loop_stops_at_the_time_limit(limited: Service) -> None:
 async def test_time_limit_lowered_live(limited: Service) -> None:
     await limited.create_session("lim-time-live")
     report = limited.set_session_limits("lim-time-live", {"exec_timeout_s": 1})
-    assert report["changed_now"] == ["exec_timeout_s"]
+    assert report.changed_now == ("exec_timeout_s",)
     with pytest.raises(InvalidInput, match="between 0 and 1 seconds"):
         await run(limited, "lim-time-live", "1", timeout_s=5.0)
     started = time.monotonic()
@@ -467,7 +467,7 @@ async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None
     assert result.output_truncated and len(result.stdout) <= 100_000
 
     report = limited.set_session_limits("lim-flood", {"output_bytes": 1000})
-    assert report["changed_now"] == ["output_bytes"]
+    assert report.changed_now == ("output_bytes",)
     result = await run(limited, "lim-flood", "print('y' * 5000)")
     assert result.limit == "output"
     assert len(result.stdout) == 1000
@@ -481,8 +481,8 @@ async def test_memory_limit_lowered_live_applies_at_once(limited: Service) -> No
     await limited.create_session("lim-mem-live")
     assert (await run(limited, "lim-mem-live", ALLOCATE_64M)).status == "ok"
     report = limited.set_session_limits("lim-mem-live", {"memory_bytes": "128M"})
-    assert report["changed_now"] == ["memory_bytes"]
-    assert report["limits"]["memory_bytes"] == 128 * MIB
+    assert report.changed_now == ("memory_bytes",)
+    assert report.limits["memory_bytes"] == 128 * MIB
     # The kernel itself holds about 31 MiB: 128 MiB more cannot fit.
     lowered = await run(limited, "lim-mem-live", "x = bytearray(128 << 20); del x")
     assert lowered.limit == "memory", lowered.text()
@@ -496,10 +496,10 @@ async def test_memory_limit_raised_live_applies_at_once_or_says_when(limited: Se
     limited.set_session_limits("lim-mem-raise", {"memory_bytes": "128M"})
     report = limited.set_session_limits("lim-mem-raise", {"memory_bytes": MEMORY})
     if is_rlimit(limited) and not CAN_RAISE_RLIMITS:
-        assert report["changed_at_next_start"] == ["memory_bytes"], report
+        assert report.changed_at_next_start == ("memory_bytes",), report
         await limited.restart_session("lim-mem-raise")
     else:
-        assert report["changed_now"] == ["memory_bytes"], report
+        assert report.changed_now == ("memory_bytes",), report
     raised = await run(limited, "lim-mem-raise", ALLOCATE_64M)
     assert raised.status == "ok", raised.text()
 
@@ -510,9 +510,9 @@ async def test_workspace_limit_raised_live_allows_a_larger_file(limited: Service
     info = await limited.create_session("lim-ws-raise")
     report = limited.set_session_limits("lim-ws-raise", {"workspace_bytes": "128M"})
     if CAN_RAISE_RLIMITS:
-        assert report["changed_now"] == ["workspace_bytes"], report
+        assert report.changed_now == ("workspace_bytes",), report
     else:
-        assert report["changed_at_next_start"] == ["workspace_bytes"], report
+        assert report.changed_at_next_start == ("workspace_bytes",), report
         await limited.restart_session("lim-ws-raise")
     code = "open('/workspace/big.bin', 'wb').write(b'x' * (100 << 20))"
     result = await run(limited, "lim-ws-raise", code)
@@ -525,11 +525,11 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
         pytest.skip("rlimit mode cannot refuse: RLIMIT_DATA may be set below what is in use")
     await limited.create_session("lim-mem-refused")
     await value(limited, "lim-mem-refused", "x = b'x' * (100 << 20); len(x)")
-    usage = limited.session_limits("lim-mem-refused")["usage"]["memory_bytes"]
+    usage = limited.session_limits("lim-mem-refused").usage.memory_bytes
     assert usage > 128 * MIB
     with pytest.raises(LimitRefused, match="refused memory=134217728"):
         limited.set_session_limits("lim-mem-refused", {"memory_bytes": "128M"})
-    assert limited.session_limits("lim-mem-refused")["limits"]["memory_bytes"] == MEMORY
+    assert limited.session_limits("lim-mem-refused").limits["memory_bytes"] == MEMORY
     assert memory_limit_in_cgroup(limited, "lim-mem-refused") == MEMORY
     assert await value(limited, "lim-mem-refused", "len(x)") == 100 * MIB
 
@@ -537,7 +537,7 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
 async def test_tasks_lowered_live_refuse_at_the_new_count(limited: Service) -> None:
     await limited.create_session("lim-tasks-live")
     report = limited.set_session_limits("lim-tasks-live", {"tasks": 24})
-    assert report["changed_now"] == ["tasks"]
+    assert report.changed_now == ("tasks",)
     result = await run(limited, "lim-tasks-live", FORK_40_SLOWLY)
     assert result.limit == "tasks", result.text()
     assert result.message is not None and "limit of 24 tasks" in result.message
@@ -555,7 +555,7 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
     statvfs = "import os; s = os.statvfs('/tmp'); s.f_blocks * s.f_frsize"
     assert await value(limited, "lim-tmp-size", statvfs) == TMP
     report = limited.set_session_limits("lim-tmp-size", {"tmp_bytes": "16M"})
-    assert (report["changed_now"], report["changed_at_next_start"]) == ([], ["tmp_bytes"])
+    assert (report.changed_now, report.changed_at_next_start) == ((), ("tmp_bytes",))
     assert await value(limited, "lim-tmp-size", statvfs) == TMP
     await limited.restart_session("lim-tmp-size")
     assert await value(limited, "lim-tmp-size", statvfs) == 16 * MIB
@@ -564,9 +564,9 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
 async def test_limits_of_a_stopped_session_apply_at_its_start(limited: Service) -> None:
     await limited.create_session("lim-stopped")
     await limited.stop_session("lim-stopped")
-    assert limited.session_limits("lim-stopped")["usage"] is None
+    assert limited.session_limits("lim-stopped").usage is None
     report = limited.set_session_limits("lim-stopped", {"tasks": 32})
-    assert (report["changed_now"], report["changed_at_next_start"]) == ([], ["tasks"])
+    assert (report.changed_now, report.changed_at_next_start) == ((), ("tasks",))
     await limited.start_session("lim-stopped")
     box = limited.sessions.sessions["lim-stopped"].box
     assert box is not None and box.limits.tasks == 32
@@ -580,9 +580,9 @@ async def test_changed_limits_survive_a_server_restart(tmp_path: Path, limited: 
         await first.create_session("lim-kept")
         first.set_session_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
     async with Service(settings) as again:
-        kept = again.session_limits("lim-kept")["limits"]
+        kept = again.session_limits("lim-kept").limits
         assert (kept["tasks"], kept["memory_bytes"]) == (40, 300 * MIB)
-        assert again.session_limits("lim-kept")["usage"] is None
+        assert again.session_limits("lim-kept").usage is None
 
 
 # -- the box's end ---------------------------------------------------------------------------

@@ -328,7 +328,7 @@ def _env(**values: str) -> dict[str, str]:
 
 
 def test_settings_default_limits() -> None:
-    limits = Settings.from_env(_env()).default_limits()
+    limits = Settings.from_env(_env()).limits
     assert (limits.memory_bytes, limits.cpus, limits.tasks) == (2 * GIB, 1.0, 256)
     assert (limits.workspace_bytes, limits.tmp_bytes) == (5 * GIB, GIB)
     assert Settings.from_env(_env()).limit_mechanism == "auto"
@@ -349,7 +349,7 @@ def test_settings_read_the_limits_from_the_environment() -> None:
         )
     )
     assert settings.limit_mechanism == "rlimit"
-    assert settings.default_limits() == Limits(
+    assert settings.limits == Limits(
         memory_bytes=256 * MIB,
         cpus=0.5,
         tasks=64,

@@ -56,7 +56,7 @@ def test_admin_reads_limits_mechanism_and_usage(server: RunningServer, sid: str)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["session_id"] == sid
-    assert report["limits"] == server.settings.default_limits().to_dict()
+    assert report["limits"] == server.settings.limits.to_dict()
     assert report["mechanism"] == detect_mechanism().name
     assert {"memory", "cpu", "tasks", "workspace", "tmpfs", "time", "output", "idle"} <= set(
         report["enforcement"]
@@ -230,7 +230,7 @@ def test_corral_limits_set_refuses_bad_values(
 ) -> None:
     code, text = corral(server, "limits", "set", sid, *args)
     assert code == 1 and words in text, text
-    assert current(server, sid) == server.settings.default_limits().to_dict()
+    assert current(server, sid) == server.settings.limits.to_dict()
 
 
 def test_corral_limits_set_needs_a_limit(server: RunningServer, sid: str) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
 import json
 import os
 import shutil
-import signal
+import subprocess
 import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,14 +27,13 @@ from corral.egress.network import BROWSER_PREFIX, Network
 from corral.egress.protocol import Target
 from corral.egress.rules import Decision
 from corral.errors import FetchFailed, FetchTimedOut, InvalidInput, SandboxUnavailable
-from corral.kernels.sessions import SessionManager
-from corral.sandbox.boxes import GATE_ARGV, LimitBox, make_box
-from corral.sandbox.bwrap import build_argv
+from corral.kernels.factory import KernelFactory
+from corral.sandbox.boxes import LimitBox
 from corral.sandbox.limits import Limits
 from corral.sandbox.policy import Bind, SandboxPolicy
-from corral.sandbox.profile import SessionPaths, default_policy, egress_launcher
+from corral.sandbox.process import kill_group
+from corral.sandbox.profile import SessionPaths
 from corral.sandbox.runtime import create_session_env
-from corral.sandbox.seccomp import filter_fd
 
 RUNNER = Path(__file__).resolve().with_name("runner.py")
 SANDBOX_RUNNER = "/opt/corral/bin/browser_runner.py"
@@ -125,9 +123,9 @@ def find_chromium(configured: str | None) -> str | None:
 class Browser:
     """Runs browser fetches for one server, at most `browser_max_concurrent` at once."""
 
-    def __init__(self, settings: Settings, sessions: SessionManager, network: Network) -> None:
+    def __init__(self, settings: Settings, factory: KernelFactory, network: Network) -> None:
         self.settings = settings
-        self.sessions = sessions
+        self.factory = factory
         self.network = network
         self.root = settings.state_dir / "browser"
         self.gate = asyncio.Semaphore(settings.browser_max_concurrent)
@@ -186,15 +184,26 @@ class Browser:
         return timeout_s
 
     async def _run(self, identity: str, request: dict[str, Any], deadline_s: float) -> Any:
+        runner = [self.factory.runtime.sandbox_python, SANDBOX_RUNNER, json.dumps(request)]
+        stdout, stderr = await self.run_in_sandbox(identity, runner, deadline_s)
+        try:
+            return json.loads(stdout)
+        except ValueError as exc:
+            why = stderr.decode("utf-8", "replace").strip()[-500:] or "no output"
+            raise FetchFailed(f"the browser sandbox failed: {why}") from exc
+
+    async def run_in_sandbox(
+        self, identity: str, command: list[str], deadline_s: float
+    ) -> tuple[bytes, bytes]:
+        """Run `command` (behind the egress forwarder) in a fresh browser sandbox under
+        `identity`; its stdout and stderr. Raises `FetchTimedOut` past `deadline_s`."""
         workdir = self.root / identity.removeprefix("@")
-        box = make_box(self.sessions.mechanism, identity.removeprefix("@"), self._limits())
+        box = self.factory.make_box(identity.removeprefix("@"), self._limits())
         try:
             socket = await self.network.socket_for(identity)
             policy = await asyncio.to_thread(self._policy, workdir, socket)
             await asyncio.to_thread(box.create)
-            command = [*egress_launcher(self.sessions.runtime)]
-            command += [self.sessions.runtime.sandbox_python, SANDBOX_RUNNER, json.dumps(request)]
-            return await self._spawn(policy, command, box, deadline_s)
+            return await self._spawn(policy, self.factory.egress_command(command), box, deadline_s)
         finally:
             await asyncio.to_thread(box.remove)
             await self.network.proxy.close(identity)
@@ -207,11 +216,9 @@ class Browser:
         shutil.rmtree(workdir, ignore_errors=True)  # left by a server that died mid-fetch
         (workdir / "workspace").mkdir(mode=0o700, parents=True)
         env = workdir / "env"
-        create_session_env(env, self.sessions.runtime)
-        return default_policy(
-            self.sessions.runtime,
+        create_session_env(env, self.factory.runtime)
+        return self.factory.policy(
             SessionPaths(workspace=workdir / "workspace", env=env),
-            self.sessions.identity_dir,
             tmp_size_bytes=TMP_BYTES,
             home_size_bytes=HOME_BYTES,
             egress_socket=socket,
@@ -219,7 +226,7 @@ class Browser:
         )
 
     def _limits(self) -> Limits:
-        defaults = self.settings.default_limits()
+        defaults = self.settings.limits
         return Limits(
             memory_bytes=self.settings.browser_memory_bytes,
             cpus=defaults.cpus,
@@ -233,38 +240,22 @@ class Browser:
 
     async def _spawn(
         self, policy: SandboxPolicy, command: list[str], box: LimitBox, deadline_s: float
-    ) -> Any:
-        seccomp_fd = filter_fd()
+    ) -> tuple[bytes, bytes]:
+        process = self.factory.start(
+            policy, command, box=box, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        # Popen's pipes are read in a thread; the deadline and cancellation stay here.
+        reader = asyncio.ensure_future(asyncio.to_thread(process.communicate))
         try:
-            argv = build_argv(policy, command, bwrap=self.sessions.bwrap, seccomp_fd=seccomp_fd)
-            process = await asyncio.create_subprocess_exec(
-                *GATE_ARGV,
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(seccomp_fd,),
-                env={},
-                start_new_session=True,
-            )
-        finally:
-            os.close(seccomp_fd)
-        try:
-            box.admit(process.pid)
-            stdout, stderr = await asyncio.wait_for(process.communicate(b"go\n"), deadline_s)
+            return await asyncio.wait_for(asyncio.shield(reader), deadline_s)
         except TimeoutError as exc:
             raise FetchTimedOut(
                 f"the browser did not finish within {deadline_s:g} s and was stopped"
             ) from exc
         finally:
-            if process.returncode is None:
-                _kill_group(process)
-                await process.wait()
-        try:
-            return json.loads(stdout)
-        except ValueError as exc:
-            why = stderr.decode("utf-8", "replace").strip()[-500:] or "no output"
-            raise FetchFailed(f"the browser sandbox failed: {why}") from exc
+            if not reader.done():
+                kill_group(process.pid)
+                await reader
 
     def _result(self, url: str, answer: dict[str, Any], refused: list[str]) -> PageResult:
         if "error" in answer:
@@ -318,8 +309,3 @@ def _failure(url: str, error: str, refused: list[str]) -> str:
 
 def _png(encoded: object) -> bytes | None:
     return base64.b64decode(encoded) if isinstance(encoded, str) else None
-
-
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)

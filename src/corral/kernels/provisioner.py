@@ -2,16 +2,15 @@
 
 `SandboxedKernelManager` is an `AsyncKernelManager` that carries the sandbox policy and uses
 ipc transport in a private run directory; its kernel spec names the `corral-sandbox`
-provisioner (registered as an entry point), which wraps the kernel command with the bwrap
-argv and starts it with the seccomp filter on an inherited descriptor. The kernel reads a copy
-of the connection file whose socket paths are the sandbox's view of the same directory.
+provisioner (registered as an entry point), which starts the kernel command through the one
+sandbox launcher (`corral.sandbox.launch`). The kernel reads a copy of the connection file
+whose socket paths are the sandbox's view of the same directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import IO, Any
@@ -21,12 +20,11 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from corral.errors import KernelStartFailed
-from corral.sandbox.boxes import GATE_ARGV, LimitBox
-from corral.sandbox.bwrap import build_argv
+from corral.errors import AdmissionFailed, KernelStartFailed
+from corral.sandbox.boxes import LimitBox
+from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
 from corral.sandbox.profile import PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL
-from corral.sandbox.seccomp import filter_fd
 
 PROVISIONER_NAME = "corral-sandbox"
 SOCKET_PREFIX = "k"
@@ -109,31 +107,18 @@ class SandboxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         manager = _sandboxed_manager(self.parent)
-        seccomp_fd = filter_fd() if manager.sandbox_policy.seccomp else None
-        argv = build_argv(
-            manager.sandbox_policy, cmd, bwrap=manager.bwrap_path, seccomp_fd=seccomp_fd
-        )
-        if manager.box is not None:
-            argv = [*GATE_ARGV, *argv]
         # Kept open for the kernel's lifetime; closed in cleanup().
         self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")  # noqa: SIM115
         try:
-            # Popen only forks and execs: it does not wait, so it is fine on the event loop.
-            self.process = subprocess.Popen(  # noqa: ASYNC220
-                argv,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                stdin=subprocess.DEVNULL if manager.box is None else subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
+            self.process = start_sandbox(
+                manager.sandbox_policy,
+                cmd,
+                bwrap=manager.bwrap_path,
+                box=manager.box,
                 stderr=self.stderr_log,
-                env={},
-                cwd="/",
-                start_new_session=True,
             )
-        finally:
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
-        if manager.box is not None:
-            _open_gate(self.process, manager.box)
+        except AdmissionFailed as exc:
+            raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
         self.pid = self.process.pid
         self.pgid = self.process.pid
         self.cwd = "/"
@@ -153,24 +138,6 @@ class SandboxProvisioner(LocalProvisioner):
         if self.stderr_log is not None and not restart:
             self.stderr_log.close()
             self.stderr_log = None
-
-
-def _open_gate(process: subprocess.Popen[bytes], box: LimitBox) -> None:
-    """Put the waiting gate process under the session's limits, then let it exec bwrap."""
-    stdin = process.stdin
-    if stdin is None:
-        raise KernelStartFailed("the sandbox gate has no stdin")
-    try:
-        box.admit(process.pid)
-    except (OSError, ValueError) as exc:
-        process.kill()
-        process.wait()
-        raise KernelStartFailed(f"cannot put the sandbox under its limits: {exc}") from exc
-    finally:
-        if process.returncode is not None:
-            stdin.close()
-    stdin.write(b"go\n")
-    stdin.close()
 
 
 def _sandboxed_manager(parent: object) -> SandboxedKernelManager:

@@ -43,7 +43,7 @@ class RunExtras:
 
 @dataclass
 class SessionRun:
-    """One session's run: opened with its first kernel (`SessionManager._open_run`), closed
+    """One session's run: opened with its first kernel (`KernelFactory.open_run`), closed
     with its last."""
 
     box: LimitBox

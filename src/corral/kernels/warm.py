@@ -1,25 +1,35 @@
-"""What the session manager needs to hand a warm pool kernel to a session.
+"""The warm pool's hand-over: ready kernels started before anyone asks, given to sessions.
 
 A pool slot is a `WarmSession`: a session-shaped holder (identity `@pool-N`, folders under
-`sessions/.pool/`) of one ready python kernel with its own limit box and egress socket. A
-session takes it by having the slot's folders renamed into its own place; the sandbox's
-binds follow the directories, so nothing inside changes.
+`sessions/.pool/`) of one ready python kernel with its own limit box and egress socket,
+started by the kernel factory like any other. A session takes it by having the slot's
+folders renamed into its own place; the sandbox's binds follow the directories, so nothing
+inside changes. This module knows the factory and the pool, never the session registry: the
+registry gives it `room` (how many more sessions may run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
+import secrets
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
+from corral.config import Settings
+from corral.kernels.factory import KernelFactory
+from corral.kernels.pool import PoolConfig, WarmPool
+from corral.kernels.session import Session
 from corral.sandbox.profile import SessionPaths
+from corral.store import SessionRecord, now
 
-if TYPE_CHECKING:
-    from corral.kernels.sessions import Session
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +42,93 @@ class WarmSession:
     async def alive(self) -> bool:
         kernel = self.session.kernels.get("python")
         return kernel is not None and await kernel.is_alive()
+
+
+class WarmHandOver:
+    """The warm pool of one server and the hand-over of its kernels to fresh sessions."""
+
+    def __init__(self, factory: KernelFactory, settings: Settings, room: Callable[[], int]) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.pool: WarmPool[WarmSession] = WarmPool(
+            PoolConfig(settings.pool_size, settings.pool_memory_bytes, settings.pool_idle_s),
+            self._spawn,
+            self._discard,
+            room,
+        )
+
+    @property
+    def pool_dir(self) -> Path:
+        return self.settings.sessions_dir / ".pool"  # never a session id: ids start alnum
+
+    async def open(self) -> None:
+        """Remove what a crashed server left of its pool, then start filling it."""
+        await asyncio.to_thread(shutil.rmtree, self.pool_dir, True)
+        self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def take(self, session: Session, language: str) -> bool:
+        """Give `session` a ready pool kernel when its profile allows; False: start cold."""
+        if not self._fits(session, language):
+            return False
+        warm = await self.pool.take()
+        if warm is None:
+            return False
+        if not self._fits(session, language):
+            self.pool.give_back(warm)  # the session changed while the pool was asked
+            return False
+        try:
+            move_folders(warm.session.paths, session.paths)
+            if self.factory.egress is not None:
+                self.factory.egress.rename(warm.session.id, session.id)
+        except (OSError, KeyError) as exc:
+            log.warning("could not hand a pool kernel to session %s: %s", session.id, exc)
+            session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+            await self._discard(warm)
+            return False
+        self.factory.hand_over(warm.session, session)
+        session.from_pool = True
+        return True
+
+    def _fits(self, session: Session, language: str) -> bool:
+        """A pool kernel has the default profile: a fresh session that changed nothing."""
+        return (
+            language == "python"
+            and session.run is None
+            and not session.kernels
+            and not session.options
+            and session.limits == self.settings.limits
+            and not session.paths.env.exists()
+            and empty_or_missing(session.paths.workspace)
+        )
+
+    async def _spawn(self) -> WarmSession:
+        """Start one pool kernel under its own identity, in its own folders."""
+        slot = f"@pool-{secrets.token_hex(4)}"
+        root = self.pool_dir / slot
+        created = now()
+        paths = SessionPaths(workspace=root / "workspace", env=root / "env")
+        record = SessionRecord(slot, created, created, "stopped")
+        warm = WarmSession(Session(record, paths, self.settings.limits, {}))
+        try:
+            paths.workspace.mkdir(mode=0o700, parents=True)
+            await self.factory.launch(warm.session, "python")
+            pid = warm.session.kernels["python"].pid
+            warm.memory_bytes = await asyncio.to_thread(tree_pss, pid) if pid else 0
+        except BaseException:
+            await self._discard(warm)
+            raise
+        return warm
+
+    async def _discard(self, warm: WarmSession) -> None:
+        await self.factory.stop_kernels(warm.session)
+        await self.factory.close_run(warm.session)
+        if self.factory.egress is not None:
+            await self.factory.egress.forget(warm.session.id)
+        root = warm.session.paths.workspace.parent
+        await asyncio.to_thread(shutil.rmtree, root, True)
 
 
 def move_folders(warm: SessionPaths, session: SessionPaths) -> None:

@@ -1,10 +1,10 @@
 """Enforcing one session's limits: a cgroup v2 or v1 "box", or rlimits with a watchdog.
 
-A kernel's sandbox is started behind a gate (`GATE_ARGV`): a shell that waits for one line
-on stdin before it execs bwrap. While it waits, the server puts its pid under the session's
-limits (`LimitBox.admit`), so nothing of the sandbox ever runs outside them. Every process
-the sandbox starts inherits the cgroup and the rlimits; none can leave them (no capability,
-no cgroup namespace view of the host, no writable /sys).
+Every sandbox with a box starts behind a gate (`corral.sandbox.launch`): a shell that waits
+for one line on stdin before it execs bwrap. While it waits, the launcher puts its pid under
+the box's limits (`LimitBox.admit`), so nothing of the sandbox ever runs outside them.
+Every process the sandbox starts inherits the cgroup and the rlimits; none can leave them
+(no capability, no cgroup namespace view of the host, no writable /sys).
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ import psutil
 from corral.errors import Conflict, SandboxUnavailable
 from corral.sandbox.limits import LimitMechanism, Limits, format_size, own_cgroup1
 
-# `sh -c GATE corral-gate ARGV...`: exec ARGV once the server writes "go"; exit on EOF.
-GATE_SCRIPT = 'IFS= read -r go && [ "$go" = go ] && exec "$@"; exit 125'
-GATE_ARGV = ("/bin/sh", "-c", GATE_SCRIPT, "corral-gate")
 CPU_PERIOD_US = 100_000
 NICE = 10
 WATCHDOG_INTERVAL_S = 0.1

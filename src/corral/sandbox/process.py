@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Sequence
 
-from corral.sandbox.bwrap import build_argv
+from corral.sandbox.boxes import LimitBox
+from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SandboxPolicy
-from corral.sandbox.seccomp import filter_fd
 
 
 def run_sandboxed(
@@ -17,25 +19,32 @@ def run_sandboxed(
     *,
     bwrap: str,
     timeout_s: float = 30.0,
+    box: LimitBox | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `command` in a sandbox made from `policy`; stdout and stderr are captured as text.
+    """Run `command` in a sandbox made from `policy` (inside `box` when given); stdout and
+    stderr are captured as text.
 
-    Raises `subprocess.TimeoutExpired` past `timeout_s` (the sandbox dies with the bwrap
-    process, which is killed).
+    Raises `subprocess.TimeoutExpired` past `timeout_s` (the sandbox's process group is
+    killed first) and `AdmissionFailed` when the box refuses it.
     """
-    seccomp_fd = filter_fd() if policy.seccomp else None
+    process = start_sandbox(
+        policy, command, bwrap=bwrap, box=box, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
-        argv = build_argv(policy, command, bwrap=bwrap, seccomp_fd=seccomp_fd)
-        return subprocess.run(
-            argv,
-            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            env={},
-            timeout=timeout_s,
-            check=False,
-        )
+        stdout, stderr = process.communicate(timeout=timeout_s)
     finally:
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
+        if process.returncode is None:
+            kill_group(process.pid)
+            process.communicate()
+    return subprocess.CompletedProcess(
+        process.args,
+        process.returncode,
+        stdout.decode("utf-8", "replace"),
+        stderr.decode("utf-8", "replace"),
+    )
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a sandbox's whole process group (it leads a session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

@@ -245,7 +245,7 @@ async def admin_stop_session(request: Request) -> Response:
 
 
 async def admin_get_limits(request: Request) -> Response:
-    return JSONResponse(service_of(request).session_limits(request.path_params["id"]))
+    return JSONResponse(service_of(request).session_limits(request.path_params["id"]).to_dict())
 
 
 async def admin_set_limits(request: Request) -> Response:
@@ -253,12 +253,14 @@ async def admin_set_limits(request: Request) -> Response:
     changes = body.model_dump(exclude_none=True)
     if not changes:
         raise InvalidInput("name at least one limit to change")
-    return JSONResponse(service_of(request).set_session_limits(request.path_params["id"], changes))
+    report = service_of(request).set_session_limits(request.path_params["id"], changes)
+    return JSONResponse(report.to_dict())
 
 
 async def admin_set_bridge(request: Request) -> Response:
     body = await parse_body(request, BridgeRequest)
-    return JSONResponse(service_of(request).set_bridge(request.path_params["id"], body.ssh_agent))
+    report = service_of(request).set_bridge(request.path_params["id"], body.ssh_agent)
+    return JSONResponse(report.to_dict())
 
 
 async def list_skills(request: Request) -> Response:

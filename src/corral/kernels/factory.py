@@ -1,0 +1,290 @@
+"""The kernel factory: the host facts, and sandboxed kernels assembled from them.
+
+One `KernelFactory` per server holds what every sandbox of this host is built from: the
+Python runtime, bwrap, the limit mechanism, the operator's forwarded variables, mounts and
+protected names, the skill binds, the generated identity files, and the egress sockets. The
+session registry, the warm pool's hand-over and the browser all use it; it never looks at the
+registry. What it has to report (the agent bridge used, protected files changed) goes to the
+`on_event` callback.
+
+A session's run (`SessionRun`: limit box, bridge, prepared mounts) opens with its first
+kernel and closes with its last; the factory keeps the open runs so that no two running
+sessions mount overlapping folders read-write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from corral.config import Settings
+from corral.errors import InvalidInput
+from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.projects import PreparedMount, prepare_mounts
+from corral.kernels.run import SessionRun, open_bridge
+from corral.kernels.session import Session
+from corral.mounts import overlapping
+from corral.protect import validate_protected_names
+from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
+from corral.sandbox.bwrap import find_bwrap
+from corral.sandbox.launch import Output, start_sandbox
+from corral.sandbox.limits import Limits, choose_mechanism
+from corral.sandbox.policy import Bind, SandboxPolicy
+from corral.sandbox.profile import (
+    SessionPaths,
+    default_policy,
+    egress_launcher,
+    forwarded_env,
+    skill_binds,
+    write_identity_files,
+)
+from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
+
+log = logging.getLogger(__name__)
+
+# Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
+EventHook = Callable[[str, str, str, dict[str, Any]], None]
+
+
+class EgressSockets(Protocol):
+    """Gives a session's proxy socket, listening; the network layer implements it."""
+
+    async def socket_for(self, session_id: str) -> Path: ...
+
+    async def forget(self, session_id: str) -> None: ...
+
+    def rename(self, old_id: str, new_id: str) -> None: ...
+
+
+class KernelFactory:
+    """Builds and starts sandboxed kernels for sessions; raises `InvalidInput` at
+    construction for a forwarded variable or protected name the operator may not use."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        runtime: PythonRuntime | None = None,
+        egress: EgressSockets | None = None,
+    ) -> None:
+        self.settings = settings
+        self.egress = egress
+        self.on_event: EventHook | None = None
+        self.runtime = runtime or current_runtime()
+        self.bwrap = find_bwrap(settings.bwrap)
+        self.mechanism = choose_mechanism(settings.limit_mechanism)
+        self.forward_names = settings.forwarded_names
+        self.mounts = dict(settings.mount_specs)
+        self.protected_extra = validate_protected_names(settings.protected_names)
+        self.skill_binds = skill_binds(settings)
+        self.identity_dir = settings.state_dir / "sandbox-etc"
+        self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
+
+    async def prepare(self) -> None:
+        """Once per server, before the first sandbox: identity files, stale cgroups."""
+        if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
+            await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
+        write_identity_files(self.identity_dir)
+
+    # -- sandboxes of any kind (sessions, the browser) ------------------------------------
+
+    def make_box(self, name: str, limits: Limits) -> LimitBox:
+        """A limit box (not yet created) of this host's mechanism."""
+        return make_box(self.mechanism, name, limits)
+
+    def policy(
+        self,
+        paths: SessionPaths,
+        *,
+        tmp_size_bytes: int,
+        home_size_bytes: int | None = None,
+        egress_socket: Path | None = None,
+        forward_env: Sequence[tuple[str, str]] = (),
+        extra_binds: Sequence[Bind] = (),
+    ) -> SandboxPolicy:
+        """The default profile over `paths`, with this host's runtime and identity files."""
+        return default_policy(
+            self.runtime,
+            paths,
+            self.identity_dir,
+            tmp_size_bytes=tmp_size_bytes,
+            home_size_bytes=home_size_bytes or self.settings.home_size_bytes,
+            egress_socket=egress_socket,
+            forward_env=tuple(forward_env),
+            extra_binds=tuple(extra_binds),
+        )
+
+    def egress_command(self, command: Sequence[str]) -> list[str]:
+        """`command` behind the egress forwarder (so the sandbox reaches its proxy)."""
+        return [*egress_launcher(self.runtime), *command]
+
+    def start(
+        self,
+        policy: SandboxPolicy,
+        command: Sequence[str],
+        *,
+        box: LimitBox | None = None,
+        stdout: Output = subprocess.DEVNULL,
+        stderr: Output = subprocess.DEVNULL,
+    ) -> subprocess.Popen[bytes]:
+        """Start `command` in a sandbox with this host's bwrap (`corral.sandbox.launch`)."""
+        return start_sandbox(
+            policy, command, bwrap=self.bwrap, box=box, stdout=stdout, stderr=stderr
+        )
+
+    # -- a session's kernels --------------------------------------------------------------
+
+    async def launch(self, session: Session, language: str) -> None:
+        """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
+        session.from_pool = False
+        create_session_env(session.paths.env, self.runtime)
+        socket = None
+        if self.egress is not None:
+            socket = await self.egress.socket_for(session.id)
+        run = await self.open_run(session)
+        kernel = self._new_kernel(session, language, run, socket)
+        await self._start_beside_siblings(session, run, kernel)
+        session.kernels[language] = kernel
+
+    async def drop_kernel(self, session: Session, language: str) -> None:
+        """Stop one kernel; the run closes with the last one (unless one is starting)."""
+        kernel = session.kernels.pop(language, None)
+        if kernel is not None:
+            await kernel.stop()
+            if session.box is not None and kernel.pid is not None:
+                session.box.forget(kernel.pid)
+        if not session.kernels and not session.starting:
+            await self.close_run(session)
+
+    async def stop_kernels(self, session: Session) -> None:
+        for language in list(session.kernels):
+            await self.drop_kernel(session, language)
+
+    def hand_over(self, source: Session, target: Session) -> None:
+        """Move `source`'s run and kernels to `target` (a warm pool slot to its session)."""
+        target.run, source.run = source.run, None
+        if target.run is not None:
+            self._runs.pop(source.id, None)
+            self._runs[target.id] = target.run
+        target.kernels.update(source.kernels)
+        source.kernels.clear()
+
+    def _new_kernel(
+        self, session: Session, language: str, run: SessionRun, socket: Path | None
+    ) -> SandboxedKernel:
+        extras = run.extras(self.runtime.sandbox_python)
+        policy = self.policy(
+            session.paths,
+            tmp_size_bytes=session.limits.tmp_bytes,
+            egress_socket=socket,
+            forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
+            extra_binds=self.skill_binds + extras.binds,
+        )
+        launcher = [*extras.launcher]
+        if socket is not None:
+            launcher += egress_launcher(self.runtime)
+        return SandboxedKernel(
+            language,
+            policy,
+            bwrap=self.bwrap,
+            python=self.runtime.sandbox_python,
+            run_root=self.settings.run_root,
+            launcher=launcher or None,
+            box=run.box,
+        )
+
+    async def _start_beside_siblings(
+        self, session: Session, run: SessionRun, kernel: SandboxedKernel
+    ) -> None:
+        """Start `kernel`; with protected mounts, the session's other kernels stay frozen
+        (and the protected paths are checked again) until its sandbox is set up."""
+        guard = run.protects and bool(session.kernels)
+        if guard:
+            await asyncio.to_thread(run.box.freeze)
+        try:
+            if guard:
+                await asyncio.to_thread(run.verify_mounts)
+            await kernel.start(self.settings.kernel_start_timeout_s)
+        finally:
+            if guard:
+                await asyncio.to_thread(run.box.thaw)
+
+    # -- a session's run ------------------------------------------------------------------
+
+    async def open_run(self, session: Session) -> SessionRun:
+        """The session's run, opened with its first kernel: limit box, bridge, mounts."""
+        if session.run is not None:
+            return session.run
+        box = self.make_box(session.id, session.limits)
+        run = SessionRun(box, asyncio.create_task(box.watch(), name="corral-limit-watchdog"))
+        try:
+            await asyncio.to_thread(box.create)
+            if session.options.get("bridge"):
+                hook = functools.partial(self._bridge_used, session.id)
+                run.bridge, run.bridge_dir = await open_bridge(self.settings.run_root, hook)
+            run.mounts = await asyncio.to_thread(self._prepare_mounts, session)
+        except BaseException:
+            await run.close()
+            raise
+        session.run = self._runs[session.id] = run
+        return run
+
+    async def close_run(self, session: Session) -> None:
+        """Close the session's run; protected files it changed are logged and reported."""
+        run, session.run = session.run, None
+        if run is None:
+            return
+        if self._runs.get(session.id) is run:
+            del self._runs[session.id]
+        changed = await run.close()
+        await asyncio.to_thread(shutil.rmtree, self._copies_dir(session.id), True)
+        if changed:
+            log.warning(
+                "session %s changed or created protected files: %s",
+                session.id,
+                ", ".join(changed),
+            )
+            self._emit("protected", session.id, "changed", {"names": changed})
+
+    def _prepare_mounts(self, session: Session) -> list[PreparedMount]:
+        names = session.options.get("mounts", [])
+        missing = [name for name in names if name not in self.mounts]
+        if missing:
+            raise InvalidInput(
+                f"session {session.id!r} uses mount {missing[0]!r}, which the operator "
+                "no longer configures"
+            )
+        return prepare_mounts(
+            [self.mounts[name] for name in names],
+            session.paths.workspace,
+            self._copies_dir(session.id),
+            self.protected_extra,
+            functools.partial(self._rw_holder, session.id),
+        )
+
+    def _rw_holder(self, session_id: str, path: Path) -> str | None:
+        """Another running session holding a folder overlapping `path` read-write."""
+        for other, run in self._runs.items():
+            if other == session_id:
+                continue
+            for mount in run.mounts:
+                if mount.spec.writable and overlapping(mount.spec.path, path):
+                    return other
+        return None
+
+    def _copies_dir(self, session_id: str) -> Path:
+        return self.settings.sessions_dir / session_id / "protected"
+
+    def _bridge_used(self, session_id: str, service: str, outcome: str) -> None:
+        self._emit("bridge", session_id, outcome, {"service": service})
+
+    def _emit(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, session_id, action, detail)

@@ -1,0 +1,129 @@
+"""One session's data: its id, record, folders, limits, options and running kernels.
+
+The registry (`corral.kernels.sessions`) owns the `Session` objects; the kernel factory
+(`corral.kernels.factory`) starts and stops their kernels. Ids and languages are validated
+here, at the edge of every call that names them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.errors import InvalidInput
+from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.run import SessionRun
+from corral.sandbox.boxes import LimitBox
+from corral.sandbox.disk import DiskWatch
+from corral.sandbox.limits import Limits
+from corral.sandbox.profile import SessionPaths
+from corral.store import SessionRecord
+
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+LANGUAGES = ("python", "bash")
+DEFAULT_SESSION = "default"
+
+
+def validate_session_id(value: object) -> str:
+    """`value` if it is a valid session id; raises `InvalidInput` otherwise."""
+    if not isinstance(value, str) or not SESSION_ID.fullmatch(value):
+        raise InvalidInput(
+            f"invalid session id {value!r}: use 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def validate_language(value: object) -> str:
+    if value not in LANGUAGES:
+        raise InvalidInput(f"unknown language {value!r}: choose one of {', '.join(LANGUAGES)}")
+    return str(value)
+
+
+def new_session_id() -> str:
+    return "s-" + secrets.token_hex(4)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A snapshot of one session, for listing and for the APIs."""
+
+    id: str
+    state: str
+    created_at: float
+    last_used_at: float
+    kernels: tuple[str, ...]
+    workspace: Path
+    mounts: tuple[str, ...] = ()
+    from_pool: bool = False  # its python kernel came ready from the warm pool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at,
+            "kernels": list(self.kernels),
+            "mounts": list(self.mounts),
+            "from_pool": self.from_pool,
+        }
+
+
+class Session:
+    """A session's mutable state. `lock` is its execution queue (FIFO); `run` is set while
+    any kernel runs (`corral.kernels.run.SessionRun`)."""
+
+    def __init__(
+        self, record: SessionRecord, paths: SessionPaths, limits: Limits, options: dict[str, Any]
+    ) -> None:
+        self.record = record
+        self.paths = paths
+        self.limits = limits
+        self.options = options  # what the operator chose: limit changes, mounts, bridge
+        self.run: SessionRun | None = None  # while any kernel runs
+        self.disk = DiskWatch([paths.workspace, paths.env], lambda: self.limits.workspace_bytes)
+        self.kernels: dict[str, SandboxedKernel] = {}
+        self.lock = asyncio.Lock()
+        self.starting = False
+        self.failed: str | None = None
+        self.lost: set[str] = set()  # languages whose kernel died since the last call
+        self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
+        self.from_pool = False
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def box(self) -> LimitBox | None:
+        return self.run.box if self.run is not None else None
+
+    @property
+    def running(self) -> bool:
+        return bool(self.kernels) or self.starting
+
+    @property
+    def state(self) -> str:
+        if self.starting:
+            return "starting"
+        if self.lock.locked():
+            return "busy"
+        if self.kernels:
+            return "idle"
+        return "failed" if self.failed else "stopped"
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(
+            id=self.record.id,
+            state=self.state,
+            created_at=self.record.created_at,
+            last_used_at=self.record.last_used_at,
+            kernels=tuple(sorted(self.kernels)),
+            workspace=self.paths.workspace,
+            mounts=tuple(self.options.get("mounts", ())),
+            from_pool=self.from_pool,
+        )
