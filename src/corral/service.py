@@ -21,12 +21,14 @@ from corral.egress.network import Network
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
-from corral.errors import CorralError
+from corral.errors import CorralError, SessionNotFound
+from corral.execution import Execution
 from corral.files import Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
+    Session,
     SessionInfo,
     SessionManager,
     validate_language,
@@ -35,6 +37,7 @@ from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.catalog import SkillCatalog
 
 log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
 
 
 class Service:
@@ -57,6 +60,7 @@ class Service:
         self.sessions.on_event = self._audit_event
         self.browser = Browser(settings, self.sessions, self.network)
         self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
+        self._executions: set[Execution] = set()
 
     async def __aenter__(self) -> Service:
         self.network.open()
@@ -69,12 +73,47 @@ class Service:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.sessions.begin_shutdown()  # queued calls are refused, not run on a closed service
         await self.sessions.close()
+        await self._wait_for_executions()
         await self.network.close()
         await asyncio.to_thread(self._audit_writer.shutdown, True)
         self.audit.close()
 
     # -- execution -----------------------------------------------------------------------
+
+    def start_execution(
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        language: str = "python",
+        timeout_s: float | None = None,
+        actor: str = "agent",
+        keep_events: bool = False,
+    ) -> Execution:
+        """Start running code in a session (the default one when `session_id` is None).
+
+        The request is checked first, before any kernel starts: the language, the session
+        (a named one must exist) and the timeout against that session's own limits; a
+        failed check raises here (`InvalidInput`, `SessionNotFound`). The call then queues
+        behind the session's earlier ones; its result is audited when it ends. See
+        `corral.execution` for events, cancel and a caller that goes away.
+        """
+        self._check_execution(session_id, language, timeout_s)
+
+        async def run(on_output: OutputHook | None) -> ExecutionResult:
+            result = await self.sessions.execute(
+                session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+            )
+            self._audit_execution(result, code, actor)
+            return result
+
+        execution = Execution(
+            run, self.sessions.cancel, keep_events=keep_events, on_end=self._executions.discard
+        )
+        self._executions.add(execution)
+        return execution
 
     async def execute(
         self,
@@ -83,30 +122,46 @@ class Service:
         session_id: str | None = None,
         language: str = "python",
         timeout_s: float | None = None,
-        on_output: OutputHook | None = None,
         actor: str = "agent",
     ) -> ExecutionResult:
-        """Run code in a session (the default one when `session_id` is None), and audit it."""
-        result = await self.sessions.execute(
-            session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+        """`start_execution`, then its result (for callers that need no events)."""
+        execution = self.start_execution(
+            code, session_id=session_id, language=language, timeout_s=timeout_s, actor=actor
         )
-        self._audit_execution(result, code, actor)
-        return result
+        return await execution.result()
 
     def begin_shutdown(self) -> None:
         """The server is stopping: interrupt running calls, refuse queued and new ones."""
         self.sessions.begin_shutdown()
 
-    async def cancel(self, call: asyncio.Future[ExecutionResult]) -> None:
-        """The caller of `call` (an `execute` task) went away: interrupt or drop it."""
-        await self.sessions.cancel(call)
-
-    def check_execute(self, session_id: str | None, language: str, timeout_s: float | None) -> None:
-        """Raise now what `execute` would raise before running, so a stream can start clean."""
+    def _check_execution(
+        self, session_id: str | None, language: str, timeout_s: float | None
+    ) -> None:
+        """Raise now what running the code would refuse, before anything starts."""
         validate_language(language)
-        self.sessions.limits_for(timeout_s)
-        if session_id is not None:
-            self.sessions.get(session_id)
+        self.sessions.limits_for(timeout_s, self._execution_session(session_id))
+
+    def _execution_session(self, session_id: str | None) -> Session | None:
+        """The session a call would run in; None for the default one not made yet (it
+        starts with the default limits), without making it."""
+        if session_id is None:
+            try:
+                self.sessions.get(DEFAULT_SESSION)
+            except SessionNotFound:
+                return None
+            session_id = DEFAULT_SESSION
+        return self.sessions.session_for(session_id)
+
+    async def _wait_for_executions(self) -> None:
+        """At close, after the kernels stopped: every call still held ends promptly (as
+        died, or refused), and one that does not within `CLOSE_WAIT_S` is cancelled."""
+        for execution in list(self._executions):
+            if not await execution.wait(CLOSE_WAIT_S):
+                log.warning(
+                    "an execution had not ended %g s after its kernel stopped", CLOSE_WAIT_S
+                )
+                execution.abandon()
+                await execution.wait()
 
     def _audit(self, what: str, write: Callable[[], object]) -> None:
         """Queue one audit record for the writer thread; a refusal is logged there and never

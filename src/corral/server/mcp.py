@@ -21,12 +21,14 @@ from pydantic import BaseModel
 from corral import __version__
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError
+from corral.execution import Execution
 from corral.kernels.results import ExecutionResult
 from corral.server.compat import NO_OUTPUT, error_text, page_text, result_text, session_view
 from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing, PageModel
 from corral.service import Service
 
 MAX_TEXT_FILE_BYTES = 1_000_000
+PROGRESS_TEXT_CHARS = 4000  # of new output in one progress notice
 INSTRUCTIONS = (
     "corral runs code in sandboxed, persistent Jupyter kernels. Variables persist per session; "
     "files live in /workspace. Omit session_id to use the default session. The sandbox has no "
@@ -126,18 +128,18 @@ class _Tools:
     async def _execute(
         self, code: str, session_id: str | None, language: str, ctx: Context
     ) -> CallToolResult:
-        task = asyncio.ensure_future(
-            self.service.execute(code, session_id=session_id, language=language)
-        )
         try:
-            result = await _with_progress(task, ctx, self.service.settings.progress_interval_s)
+            execution = self.service.start_execution(
+                code, session_id=session_id, language=language, keep_events=True
+            )
+            result = await _with_progress(execution, ctx, self.service.settings.progress_interval_s)
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.
             return CallToolResult(
                 content=[TextContent(type="text", text=f"Error: {exc}")], is_error=True
             )
-        except asyncio.CancelledError:
-            await self.service.cancel(task)
+        except asyncio.CancelledError:  # notifications/cancelled: see corral.execution
+            await execution.cancel()
             raise
         return execution_content(result)
 
@@ -281,20 +283,32 @@ def execution_content(result: ExecutionResult) -> CallToolResult:
     return CallToolResult(content=blocks, structured_content=structured)
 
 
-async def _with_progress(
-    task: asyncio.Future[ExecutionResult], ctx: Context, every_s: float
-) -> ExecutionResult:
-    """Await the execution, telling the client every `every_s` that it is still running."""
+async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> ExecutionResult:
+    """Await the execution, telling the client every `every_s` that it is still running,
+    with the output that arrived since the last notice (at most `PROGRESS_TEXT_CHARS`)."""
+    arrived: list[str] = []
+    reader = asyncio.ensure_future(_collect_text(execution, arrived))
     elapsed = 0.0
-    while True:
-        try:
-            result: ExecutionResult = await asyncio.wait_for(asyncio.shield(task), every_s)
-            return result
-        except TimeoutError:
+    try:
+        while not await execution.wait(every_s):
             elapsed += every_s
-            await ctx.report_progress(
-                progress=elapsed, message=f"still running ({elapsed:g} s elapsed)"
-            )
+            await ctx.report_progress(progress=elapsed, message=_progress_note(elapsed, arrived))
+    finally:
+        reader.cancel()
+    return await execution.result()
+
+
+async def _collect_text(execution: Execution, arrived: list[str]) -> None:
+    async for event in execution.events():
+        if event.kind in ("stdout", "stderr"):
+            arrived.append(event.text)
+
+
+def _progress_note(elapsed_s: float, arrived: list[str]) -> str:
+    note = f"still running ({elapsed_s:g} s elapsed)"
+    text = "".join(arrived)[-PROGRESS_TEXT_CHARS:]
+    arrived.clear()
+    return f"{note}\n{text}" if text else note
 
 
 async def _tool_call(awaitable: Any) -> Any:

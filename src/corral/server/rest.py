@@ -6,7 +6,6 @@ statuses in one place (`corral.server.errors`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar, overload
@@ -17,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.errors import InvalidInput
-from corral.kernels.results import ExecutionResult
+from corral.execution import Execution
 from corral.server.auth import role_of
 from corral.server.schemas import (
     BridgeRequest,
@@ -108,76 +107,38 @@ async def execute_any(request: Request) -> Response:
 
 
 async def _execute(request: Request, session_id: str | None, body: ExecuteRequest) -> Response:
-    service = service_of(request)
-    actor = role_of(request.scope).value
+    """The result as JSON, or streamed as SSE/NDJSON events when the client accepts that.
+
+    The request is checked before anything starts, so a refusal is a plain status; once
+    running, a client that leaves does not stop the code (see `corral.execution`).
+    """
     mode = STREAM_TYPES.get(request.headers.get("accept", "").split(",")[0].strip())
-    if mode is None:
-        result = await _shielded(
-            service.execute(
-                body.code,
-                session_id=session_id,
-                language=body.language,
-                timeout_s=body.timeout_s,
-                actor=actor,
-            )
-        )
-        return JSONResponse(result.to_dict())
-    service.check_execute(session_id, body.language, body.timeout_s)
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    async def hook(kind: str, content: Any) -> None:
-        await events.put((kind, content))
-
-    task = asyncio.create_task(
-        service.execute(
-            body.code,
-            session_id=session_id,
-            language=body.language,
-            timeout_s=body.timeout_s,
-            on_output=hook,
-            actor=actor,
-        )
+    execution = service_of(request).start_execution(
+        body.code,
+        session_id=session_id,
+        language=body.language,
+        timeout_s=body.timeout_s,
+        actor=role_of(request.scope).value,
+        keep_events=mode is not None,
     )
+    if mode is None:
+        return JSONResponse((await execution.result()).to_dict())
     media = "text/event-stream" if mode == "sse" else "application/x-ndjson"
     return StreamingResponse(
-        _stream(task, events, mode), media_type=media, headers={"Cache-Control": "no-store"}
+        _stream(execution, mode), media_type=media, headers={"Cache-Control": "no-store"}
     )
 
 
-async def _shielded(coro: Any) -> ExecutionResult:
-    """Run the execution to its end even if the client goes away: the code was sent."""
-    task = asyncio.ensure_future(coro)
-    result: ExecutionResult = await asyncio.shield(task)
-    return result
-
-
-async def _stream(
-    task: asyncio.Task[ExecutionResult], events: asyncio.Queue[tuple[str, Any]], mode: str
-) -> AsyncIterator[str]:
+async def _stream(execution: Execution, mode: str) -> AsyncIterator[str]:
     """Output events as they happen, then the whole result as the last event."""
-    while not (task.done() and events.empty()):
-        getter = asyncio.ensure_future(events.get())
-        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
-            yield _event(mode, *_shape(*getter.result()))
-        else:
-            getter.cancel()
+    async for event in execution.events():
+        yield _event(mode, event.kind, event.to_dict())
     try:
-        result = task.result()
+        result = await execution.result()
     except Exception as exc:  # reported in the stream: headers are already sent
         yield _event(mode, "failure", {"message": str(exc)})
         return
     yield _event(mode, "result", result.to_dict())
-
-
-def _shape(kind: str, content: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    if kind == "stream":
-        return content.get("name", "stdout"), {"text": content.get("text", "")}
-    if kind in ("execute_result", "display_data", "update_display_data"):
-        return "display", {"data": content.get("data", {})}
-    if kind == "error":
-        return "error", {"ename": content.get("ename"), "evalue": content.get("evalue")}
-    return kind, {}
 
 
 def _event(mode: str, name: str, data: dict[str, Any]) -> str:
