@@ -34,7 +34,7 @@ from corral.kernels.sessions import (
     validate_language,
 )
 from corral.skills import PUBLIC_DIR, user_dir
-from corral.skills.catalog import SkillCatalog
+from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
@@ -272,31 +272,19 @@ class Service:
 
     # -- skills ------------------------------------------------------------------------------
 
-    async def list_skills(self) -> dict[str, Any]:
+    async def list_skills(self) -> SkillListing:
         """Every skill (user archives unpacked first) and the archives set aside."""
-        entries = await asyncio.to_thread(self.skills.list)
-        bad = await asyncio.to_thread(self.skills.set_aside_archives)
-        return {
-            "skills": [entry.to_dict() for entry in entries],
-            "set_aside": [{"name": item.name, "reason": item.reason} for item in bad],
-        }
+        return await asyncio.to_thread(self.skills.listing)
 
-    async def skill_info(self, name: str) -> dict[str, Any]:
+    async def skill_info(self, name: str) -> SkillInfo:
         return await asyncio.to_thread(self.skills.info, name)
 
     async def skill_file(self, name: str, filename: str) -> bytes:
         return await asyncio.to_thread(self.skills.file, name, filename)
 
-    # coderunner's texts, for the MCP tools ("Error: ..." sentences rather than exceptions).
-
-    async def list_skills_text(self) -> str:
-        return await asyncio.to_thread(self.skills.list_text)
-
-    async def skill_info_text(self, name: str) -> str:
-        return await asyncio.to_thread(self.skills.info_text, name)
-
-    async def skill_file_text(self, name: str, filename: str) -> str:
-        return await asyncio.to_thread(self.skills.file_text, name, filename)
+    async def skill_text_file(self, name: str, filename: str) -> SkillFile:
+        """A skill's file as UTF-8 text (`InvalidInput` when it is not), for the agent."""
+        return await asyncio.to_thread(self.skills.text_file, name, filename)
 
     # -- browser -----------------------------------------------------------------------------
 

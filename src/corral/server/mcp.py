@@ -18,12 +18,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import BaseModel
 
-from corral import __version__
+from corral import __version__, texts
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError
 from corral.execution import Execution
 from corral.kernels.results import ExecutionResult
-from corral.server.compat import NO_OUTPUT, error_text, page_text, result_text, session_view
+from corral.server.compat import session_view
 from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing, PageModel
 from corral.service import Service
 
@@ -136,7 +136,7 @@ class _Tools:
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.
             return CallToolResult(
-                content=[TextContent(type="text", text=f"Error: {exc}")], is_error=True
+                content=[TextContent(type="text", text=texts.failure_text(exc))], is_error=True
             )
         except asyncio.CancelledError:  # notifications/cancelled: see corral.execution
             await execution.cancel()
@@ -144,13 +144,21 @@ class _Tools:
         return execution_content(result)
 
     async def list_skills(self) -> str:
-        return await self.service.list_skills_text()
+        return texts.skills_text(await self.service.list_skills())
 
     async def get_skill_info(self, skill_name: str) -> str:
-        return await self.service.skill_info_text(skill_name)
+        try:
+            info = await self.service.skill_info(skill_name)
+        except CorralError as exc:
+            return texts.skill_error_text(exc)
+        return texts.skill_info_text(info)
 
     async def get_skill_file(self, skill_name: str, filename: str) -> str:
-        return await self.service.skill_file_text(skill_name, filename)
+        try:
+            file = await self.service.skill_text_file(skill_name, filename)
+        except CorralError as exc:
+            return texts.skill_error_text(exc)
+        return texts.skill_file_text(file)
 
     async def navigate_and_get_all_visible_text(
         self, url: str, screenshot: bool = False
@@ -158,7 +166,7 @@ class _Tools:
         try:
             page = await self.service.fetch_page(url, screenshot=screenshot)
         except CorralError as exc:
-            text = f"Error: Failed to retrieve all visible text: {exc}"
+            text = texts.fetch_failure_text(exc)
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return page_content(page)
 
@@ -258,7 +266,7 @@ class NetworkRequestView(BaseModel):
 
 def page_content(page: PageResult) -> CallToolResult:
     """The page's text (with corral's notes), its screenshot as an image, the page as data."""
-    blocks: list[ContentBlock] = [TextContent(type="text", text=page_text(page))]
+    blocks: list[ContentBlock] = [TextContent(type="text", text=texts.page_text(page))]
     if page.screenshot_png is not None:
         data = base64.b64encode(page.screenshot_png).decode("ascii")
         blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
@@ -268,16 +276,13 @@ def page_content(page: PageResult) -> CallToolResult:
 
 def execution_content(result: ExecutionResult) -> CallToolResult:
     """coderunner's text, images as image content, and the whole result as structured content."""
-    failure = error_text(result)
     images: list[ContentBlock] = [
         ImageContent(type="image", data=bundle[mime], mime_type=mime)
         for bundle in result.results
         for mime in ("image/png", "image/jpeg")
         if mime in bundle
     ]
-    text = result_text(result) if failure is None else (result.stdout + result.stderr + failure)
-    if images and text == NO_OUTPUT:
-        text = f"[Execution successful: {len(images)} image(s)]"
+    text = texts.tool_text(result)
     blocks: list[ContentBlock] = [TextContent(type="text", text=text), *images]
     structured = ExecutionResultModel.model_validate(result.to_dict()).model_dump(mode="json")
     return CallToolResult(content=blocks, structured_content=structured)

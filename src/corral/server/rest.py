@@ -223,11 +223,12 @@ async def admin_set_bridge(request: Request) -> Response:
 
 
 async def list_skills(request: Request) -> Response:
-    return JSONResponse(await service_of(request).list_skills())
+    return JSONResponse((await service_of(request).list_skills()).to_dict())
 
 
 async def skill_info(request: Request) -> Response:
-    return JSONResponse(await service_of(request).skill_info(request.path_params["name"]))
+    info = await service_of(request).skill_info(request.path_params["name"])
+    return JSONResponse(info.to_dict())
 
 
 async def skill_file(request: Request) -> Response:
