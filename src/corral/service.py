@@ -14,16 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from corral.audit import AuditLog
+from corral.audit import AuditLog, AuditPage
 from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
-from corral.egress.network import Network
+from corral.egress.network import Network, NetworkStatus, PolicyChange
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
 from corral.errors import CorralError, SessionNotFound
 from corral.execution import Execution
-from corral.files import Workspace
+from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import (
@@ -35,6 +35,7 @@ from corral.kernels.sessions import (
 )
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
+from corral.store import NetRequest
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
@@ -239,18 +240,14 @@ class Service:
 
     def list_files(
         self, session_id: str | None, path: str = ".", *, recursive: bool = False
-    ) -> dict[str, Any]:
-        listing = self.workspace(session_id).list(path, recursive=recursive)
-        return {
-            "entries": [entry.to_dict() for entry in listing.entries],
-            "truncated": listing.truncated,
-        }
+    ) -> Listing:
+        return self.workspace(session_id).list(path, recursive=recursive)
 
     def read_file(self, session_id: str | None, path: str) -> bytes:
         return self.workspace(session_id).read(path)
 
-    def write_file(self, session_id: str | None, path: str, data: bytes) -> dict[str, Any]:
-        return self.workspace(session_id).write(path, data).to_dict()
+    def write_file(self, session_id: str | None, path: str, data: bytes) -> FileEntry:
+        return self.workspace(session_id).write(path, data)
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
@@ -308,37 +305,34 @@ class Service:
 
     # -- network -----------------------------------------------------------------------------
 
-    def network_policy(self, session_id: str) -> dict[str, Any]:
+    def network_policy(self, session_id: str) -> NetworkStatus:
         """The session's policy and its proxy counters."""
         self._known(session_id)
-        return {
-            **self.network.policy(session_id).to_dict(),
-            "stats": self.network.proxy.stats(session_id),
-        }
+        return NetworkStatus(self.network.policy(session_id), self.network.proxy.stats(session_id))
 
-    def set_network(self, session_id: str, mode: str, allow: list[str]) -> dict[str, Any]:
+    def set_network(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "set_network", *self.network.set(session_id, mode, allow))
 
-    def allow_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+    def allow_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "allow_network", *self.network.allow(session_id, hosts))
 
-    def deny_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+    def deny_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "deny_network", *self.network.deny(session_id, hosts))
 
     def request_network_access(
         self, session_id: str | None, hosts: list[str], reason: str
-    ) -> dict[str, Any]:
+    ) -> NetRequest:
         """An agent asks; the request waits for the operator and grants nothing by itself."""
         session = self.sessions.session_for(session_id).record.id
-        return self.network.request(session, hosts, reason).to_dict()
+        return self.network.request(session, hosts, reason)
 
-    def network_requests(self, status: str | None = None) -> list[dict[str, Any]]:
-        return [request.to_dict() for request in self.network.requests(status)]
+    def network_requests(self, status: str | None = None) -> list[NetRequest]:
+        return self.network.requests(status)
 
-    def decide_network_request(self, request_id: int, approve: bool) -> dict[str, Any]:
+    def decide_network_request(self, request_id: int, approve: bool) -> NetRequest:
         if approve:
             self._known(self.network.get_request(request_id).session)
         request = self.network.decide(request_id, approve)
@@ -347,15 +341,16 @@ class Service:
             request.session,
             {"request": request_id, "hosts": request.hosts},
         )
-        return request.to_dict()
+        return request
 
     def _known(self, session_id: str) -> None:
         if session_id != DEFAULT_SESSION:
             self.sessions.get(session_id)
 
-    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> dict[str, Any]:
-        self._audit_admin(action, session_id, {**policy.to_dict(), "tunnels_closed": cut})
-        return {**policy.to_dict(), "tunnels_closed": cut}
+    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> PolicyChange:
+        change = PolicyChange(policy, cut)
+        self._audit_admin(action, session_id, change.to_dict())
+        return change
 
     def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
         self._audit(
@@ -392,11 +387,10 @@ class Service:
         session: str | None = None,
         before_id: int | None = None,
         limit: int = 100,
-    ) -> dict[str, Any]:
+    ) -> AuditPage:
+        """One page of the audit log, newest first, after the records queued so far."""
         self._audit_written()
-        return self.audit.query(
-            kind=kind, session=session, before_id=before_id, limit=limit
-        ).to_dict()
+        return self.audit.query(kind=kind, session=session, before_id=before_id, limit=limit)
 
 
 def _write_audit(what: str, write: Callable[[], object]) -> None:

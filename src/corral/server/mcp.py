@@ -22,10 +22,12 @@ from corral import __version__, texts
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError
 from corral.execution import Execution
+from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
 from corral.server.compat import session_view
-from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing, PageModel
+from corral.server.schemas import ExecutionResultModel, FileListing, PageModel
 from corral.service import Service
+from corral.store import NetRequest
 
 MAX_TEXT_FILE_BYTES = 1_000_000
 PROGRESS_TEXT_CHARS = 4000  # of new output in one progress notice
@@ -187,10 +189,10 @@ class _Tools:
     async def list_files(
         self, path: str = ".", session_id: str | None = None, recursive: bool = False
     ) -> FileListing:
-        listing = _sync_tool_call(
+        listing: Listing = _sync_tool_call(
             lambda: self.service.list_files(session_id, path, recursive=recursive)
         )
-        return FileListing.model_validate(listing)
+        return FileListing.model_validate(listing.to_dict())
 
     async def read_file(self, path: str, session_id: str | None = None) -> str:
         data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
@@ -207,50 +209,48 @@ class _Tools:
     async def request_network_access(
         self, hosts: list[str], reason: str, ctx: Context, session_id: str | None = None
     ) -> NetworkRequestView:
-        made = _sync_tool_call(
+        made: NetRequest = _sync_tool_call(
             lambda: self.service.request_network_access(session_id, hosts, reason)
         )
         if self.service.settings.net_elicitation:
             made = await self._ask_user(made, ctx)
-        if made["status"] == "approved":
-            message = f"Approved: {' '.join(made['hosts'])} can be reached now."
-        elif made["status"] == "rejected":
+        if made.status == "approved":
+            message = f"Approved: {' '.join(made.hosts)} can be reached now."
+        elif made.status == "rejected":
             message = "The request was rejected."
         else:
             message = (
-                f"Request {made['id']} is waiting for the operator, who can approve it "
-                f"with 'corral net approve {made['id']}'. Nothing is allowed until then."
+                f"Request {made.id} is waiting for the operator, who can approve it "
+                f"with 'corral net approve {made.id}'. Nothing is allowed until then."
             )
-        return NetworkRequestView(
-            id=made["id"], status=made["status"], hosts=made["hosts"], message=message
-        )
+        return NetworkRequestView(id=made.id, status=made.status, hosts=made.hosts, message=message)
 
-    async def _ask_user(self, made: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    async def _ask_user(self, made: NetRequest, ctx: Context) -> NetRequest:
         """Ask the human through the client (opt-in: CORRAL_NET_ELICITATION=1).
 
         Only for clients that show elicitations to a person; an answer from a program would
         let the agent's side grant itself access. No answer leaves the request pending.
         """
         question = (
-            f"Allow sandbox session {made['session']!r} to reach "
-            f"{', '.join(made['hosts'])}?\nReason given: {made['reason'] or '(none)'}"
+            f"Allow sandbox session {made.session!r} to reach "
+            f"{', '.join(made.hosts)}?\nReason given: {made.reason or '(none)'}"
         )
         try:
             answer = await ctx.elicit(question, AccessAnswer)
         except Exception:  # the client cannot elicit: the operator decides later
             return made
         if answer.action == "accept" and isinstance(answer.data, AccessAnswer):
-            return self.service.decide_network_request(made["id"], answer.data.allow)
+            return self.service.decide_network_request(made.id, answer.data.allow)
         if answer.action == "decline":
-            return self.service.decide_network_request(made["id"], False)
+            return self.service.decide_network_request(made.id, False)
         return made
 
     async def write_file(
         self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
     ) -> WriteResult:
         data = _decode_content(content, base64_encoded)
-        entry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
-        return WriteResult(path=FileEntryModel.model_validate(entry).path, size_bytes=len(data))
+        entry: FileEntry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
+        return WriteResult(path=entry.path, size_bytes=len(data))
 
 
 class AccessAnswer(BaseModel):

@@ -157,7 +157,7 @@ async def list_files(request: Request) -> Response:
         params.get("path", "."),
         recursive=_bool_param(params.get("recursive")),
     )
-    return JSONResponse(listing)
+    return JSONResponse(listing.to_dict())
 
 
 async def download_file(request: Request) -> Response:
@@ -168,7 +168,7 @@ async def download_file(request: Request) -> Response:
 async def upload_file(request: Request) -> Response:
     data = await request.body()
     entry = service_of(request).write_file(request.path_params["id"], _required_path(request), data)
-    return JSONResponse(entry, status_code=201)
+    return JSONResponse(entry.to_dict(), status_code=201)
 
 
 async def delete_file(request: Request) -> Response:
@@ -197,7 +197,7 @@ async def admin_audit(request: Request) -> Response:
         before_id=_int_param(params.get("before_id")),
         limit=_int_param(params.get("limit"), default=100),
     )
-    return JSONResponse(page)
+    return JSONResponse(page.to_dict())
 
 
 async def admin_stop_session(request: Request) -> Response:
@@ -254,33 +254,35 @@ async def request_network(request: Request) -> Response:
     made = service_of(request).request_network_access(
         request.path_params["id"], body.hosts, body.reason
     )
-    return JSONResponse(made, status_code=202)
+    return JSONResponse(made.to_dict(), status_code=202)
 
 
 async def admin_get_network(request: Request) -> Response:
-    return JSONResponse(service_of(request).network_policy(request.path_params["id"]))
+    return JSONResponse(service_of(request).network_policy(request.path_params["id"]).to_dict())
 
 
 async def admin_set_network(request: Request) -> Response:
     body = await parse_body(request, NetworkPolicyRequest)
-    return JSONResponse(
-        service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
-    )
+    changed = service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_allow_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    return JSONResponse(service_of(request).allow_network(request.path_params["id"], body.hosts))
+    changed = service_of(request).allow_network(request.path_params["id"], body.hosts)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_deny_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    return JSONResponse(service_of(request).deny_network(request.path_params["id"], body.hosts))
+    changed = service_of(request).deny_network(request.path_params["id"], body.hosts)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_network_requests(request: Request) -> Response:
     status = request.query_params.get("status")
-    return JSONResponse({"requests": service_of(request).network_requests(status)})
+    found = service_of(request).network_requests(status)
+    return JSONResponse({"requests": [made.to_dict() for made in found]})
 
 
 async def admin_approve_request(request: Request) -> Response:
@@ -293,7 +295,7 @@ async def admin_reject_request(request: Request) -> Response:
 
 def _decide_request(request: Request, *, approve: bool) -> Response:
     request_id = _int_param(request.path_params["rid"], default=0)
-    return JSONResponse(service_of(request).decide_network_request(request_id, approve))
+    return JSONResponse(service_of(request).decide_network_request(request_id, approve).to_dict())
 
 
 def _bool_param(raw: str | None) -> bool:
