@@ -228,3 +228,19 @@ async def test_an_mcp_cancel_of_a_queued_call_means_it_never_runs(server: Runnin
         assert text_of(after) == "False"
         codes = [e["code"] for e in executions(server, session_id)]
     assert not any("# queued" in code for code in codes)
+
+
+async def test_mcp_progress_carries_the_output_as_it_arrives(server: RunningServer) -> None:
+    messages: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    code = "import time\nprint('step one', flush=True)\ntime.sleep(3)\nprint('done')"
+    async with connect(server) as client:
+        result = await client.call_tool(
+            "execute_python_code", {"command": code}, progress_callback=on_progress
+        )
+    assert text_of(result) == "step one\ndone\n"
+    assert all(message.startswith("still running") for message in messages), messages
+    assert sum(message.count("step one") for message in messages) == 1, messages
