@@ -300,6 +300,7 @@ async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> 
             await ctx.report_progress(progress=elapsed, message=_progress_note(elapsed, arrived))
     finally:
         reader.cancel()
+        await asyncio.wait({reader})  # ended, not left pending
     return await execution.result()
 
 
