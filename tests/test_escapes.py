@@ -563,7 +563,7 @@ async def test_read_through_a_symlinked_parent_directory_with_the_file_api(host:
     with pytest.raises(PathRefused, match="is a symbolic link"):
         host.service.write_file(A, "secret-dir/host-secret.txt", b"overwritten")
     assert host.secret.read_text() == SECRET + "\n"
-    listing = host.service.list_files(A, ".", recursive=True)
+    listing = host.service.list_files(A, ".", recursive=True).to_dict()
     assert {e["kind"] for e in listing["entries"] if e["path"] == "secret-dir"} == {"link"}
 
 
@@ -589,7 +589,7 @@ async def test_hard_link_across_filesystems(host: Host) -> None:
 
 
 def policy_is_none(host: Host, sid: str) -> None:
-    assert host.service.network_policy(sid)["mode"] == "none"
+    assert host.service.network_policy(sid).to_dict()["mode"] == "none"
 
 
 async def test_reach_the_server_and_host_ports_with_python_sockets(host: Host) -> None:
@@ -661,7 +661,7 @@ async def test_reach_the_server_and_host_ports_through_the_proxy_with_policy_non
     )
     assert status == [403, True]
     assert (len(host.server_hits), len(host.web_hits)) == before
-    assert host.service.network_policy(A)["stats"]["refused"] >= 6
+    assert host.service.network_policy(A).to_dict()["stats"]["refused"] >= 6
 
 
 async def test_open_raw_and_packet_sockets(host: Host) -> None:

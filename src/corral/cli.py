@@ -36,6 +36,7 @@ from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
 from corral.skills.catalog import SkillCatalog
 from corral.store import Store
+from corral.texts import skills_text
 from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
 
 EXIT_FOR_STATUS = {"ok": 0, "error": 1, "timeout": 3, "interrupted": 4, "died": 4}
@@ -426,7 +427,7 @@ def skills_path() -> None:
 @skills.command("list")
 def skills_list() -> None:
     """List every skill (unpacking .zip files waiting in your folder first)."""
-    click.echo(_catalog().list_text())
+    click.echo(skills_text(_catalog().listing()))
 
 
 @skills.command("add")

@@ -15,28 +15,32 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from corral.audit import AuditLog
+from corral.audit import AuditLog, AuditPage
 from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
 from corral.controls import BridgeReport, LimitsReport, change_limits, limits_report, switch_bridge
-from corral.egress.network import Network
+from corral.egress.network import Network, NetworkStatus, PolicyChange
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
-from corral.errors import CorralError
-from corral.files import Workspace
+from corral.errors import CorralError, SessionNotFound
+from corral.execution import Execution
+from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
+    Session,
     SessionInfo,
     SessionManager,
     validate_language,
 )
 from corral.skills import PUBLIC_DIR, user_dir
-from corral.skills.catalog import SkillCatalog
+from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
+from corral.store import NetRequest
 
 log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
 
 
 class Service:
@@ -59,6 +63,7 @@ class Service:
         self.sessions.factory.on_event = self._audit_event
         self.browser = Browser(settings, self.sessions.factory, self.network)
         self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
+        self._executions: set[Execution] = set()
 
     async def __aenter__(self) -> Service:
         self.network.open()
@@ -71,12 +76,47 @@ class Service:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.sessions.begin_shutdown()  # queued calls are refused, not run on a closed service
         await self.sessions.close()
+        await self._wait_for_executions()
         await self.network.close()
         await asyncio.to_thread(self._audit_writer.shutdown, True)
         self.audit.close()
 
     # -- execution -----------------------------------------------------------------------
+
+    def start_execution(
+        self,
+        code: str,
+        *,
+        session_id: str | None = None,
+        language: str = "python",
+        timeout_s: float | None = None,
+        actor: str = "agent",
+        keep_events: bool = False,
+    ) -> Execution:
+        """Start running code in a session (the default one when `session_id` is None).
+
+        The request is checked first, before any kernel starts: the language, the session
+        (a named one must exist) and the timeout against that session's own limits; a
+        failed check raises here (`InvalidInput`, `SessionNotFound`). The call then queues
+        behind the session's earlier ones; its result is audited when it ends. See
+        `corral.execution` for events, cancel and a caller that goes away.
+        """
+        self._check_execution(session_id, language, timeout_s)
+
+        async def run(on_output: OutputHook | None) -> ExecutionResult:
+            result = await self.sessions.execute(
+                session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+            )
+            self._audit_execution(result, code, actor)
+            return result
+
+        execution = Execution(
+            run, self.sessions.cancel, keep_events=keep_events, on_end=self._executions.discard
+        )
+        self._executions.add(execution)
+        return execution
 
     async def execute(
         self,
@@ -85,30 +125,46 @@ class Service:
         session_id: str | None = None,
         language: str = "python",
         timeout_s: float | None = None,
-        on_output: OutputHook | None = None,
         actor: str = "agent",
     ) -> ExecutionResult:
-        """Run code in a session (the default one when `session_id` is None), and audit it."""
-        result = await self.sessions.execute(
-            session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+        """`start_execution`, then its result (for callers that need no events)."""
+        execution = self.start_execution(
+            code, session_id=session_id, language=language, timeout_s=timeout_s, actor=actor
         )
-        self._audit_execution(result, code, actor)
-        return result
+        return await execution.result()
 
     def begin_shutdown(self) -> None:
         """The server is stopping: interrupt running calls, refuse queued and new ones."""
         self.sessions.begin_shutdown()
 
-    async def cancel(self, call: asyncio.Future[ExecutionResult]) -> None:
-        """The caller of `call` (an `execute` task) went away: interrupt or drop it."""
-        await self.sessions.cancel(call)
-
-    def check_execute(self, session_id: str | None, language: str, timeout_s: float | None) -> None:
-        """Raise now what `execute` would raise before running, so a stream can start clean."""
+    def _check_execution(
+        self, session_id: str | None, language: str, timeout_s: float | None
+    ) -> None:
+        """Raise now what running the code would refuse, before anything starts."""
         validate_language(language)
-        self.sessions.limits_for(timeout_s)
-        if session_id is not None:
-            self.sessions.get(session_id)
+        self.sessions.limits_for(timeout_s, self._execution_session(session_id))
+
+    def _execution_session(self, session_id: str | None) -> Session | None:
+        """The session a call would run in; None for the default one not made yet (it
+        starts with the default limits), without making it."""
+        if session_id is None:
+            try:
+                self.sessions.get(DEFAULT_SESSION)
+            except SessionNotFound:
+                return None
+            session_id = DEFAULT_SESSION
+        return self.sessions.session_for(session_id)
+
+    async def _wait_for_executions(self) -> None:
+        """At close, after the kernels stopped: every call still held ends promptly (as
+        died, or refused), and one that does not within `CLOSE_WAIT_S` is cancelled."""
+        for execution in list(self._executions):
+            if not await execution.wait(CLOSE_WAIT_S):
+                log.warning(
+                    "an execution had not ended %g s after its kernel stopped", CLOSE_WAIT_S
+                )
+                execution.abandon()
+                await execution.wait()
 
     def _audit(self, what: str, write: Callable[[], object]) -> None:
         """Queue one audit record for the writer thread; a refusal is logged there and never
@@ -186,18 +242,14 @@ class Service:
 
     def list_files(
         self, session_id: str | None, path: str = ".", *, recursive: bool = False
-    ) -> dict[str, Any]:
-        listing = self.workspace(session_id).list(path, recursive=recursive)
-        return {
-            "entries": [entry.to_dict() for entry in listing.entries],
-            "truncated": listing.truncated,
-        }
+    ) -> Listing:
+        return self.workspace(session_id).list(path, recursive=recursive)
 
     def read_file(self, session_id: str | None, path: str) -> bytes:
         return self.workspace(session_id).read(path)
 
-    def write_file(self, session_id: str | None, path: str, data: bytes) -> dict[str, Any]:
-        return self.workspace(session_id).write(path, data).to_dict()
+    def write_file(self, session_id: str | None, path: str, data: bytes) -> FileEntry:
+        return self.workspace(session_id).write(path, data)
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
@@ -222,31 +274,19 @@ class Service:
 
     # -- skills ------------------------------------------------------------------------------
 
-    async def list_skills(self) -> dict[str, Any]:
+    async def list_skills(self) -> SkillListing:
         """Every skill (user archives unpacked first) and the archives set aside."""
-        entries = await asyncio.to_thread(self.skills.list)
-        bad = await asyncio.to_thread(self.skills.set_aside_archives)
-        return {
-            "skills": [entry.to_dict() for entry in entries],
-            "set_aside": [{"name": item.name, "reason": item.reason} for item in bad],
-        }
+        return await asyncio.to_thread(self.skills.listing)
 
-    async def skill_info(self, name: str) -> dict[str, Any]:
+    async def skill_info(self, name: str) -> SkillInfo:
         return await asyncio.to_thread(self.skills.info, name)
 
     async def skill_file(self, name: str, filename: str) -> bytes:
         return await asyncio.to_thread(self.skills.file, name, filename)
 
-    # coderunner's texts, for the MCP tools ("Error: ..." sentences rather than exceptions).
-
-    async def list_skills_text(self) -> str:
-        return await asyncio.to_thread(self.skills.list_text)
-
-    async def skill_info_text(self, name: str) -> str:
-        return await asyncio.to_thread(self.skills.info_text, name)
-
-    async def skill_file_text(self, name: str, filename: str) -> str:
-        return await asyncio.to_thread(self.skills.file_text, name, filename)
+    async def skill_text_file(self, name: str, filename: str) -> SkillFile:
+        """A skill's file as UTF-8 text (`InvalidInput` when it is not), for the agent."""
+        return await asyncio.to_thread(self.skills.text_file, name, filename)
 
     # -- browser -----------------------------------------------------------------------------
 
@@ -280,37 +320,34 @@ class Service:
 
     # -- network -----------------------------------------------------------------------------
 
-    def network_policy(self, session_id: str) -> dict[str, Any]:
+    def network_policy(self, session_id: str) -> NetworkStatus:
         """The session's policy and its proxy counters."""
         self._known(session_id)
-        return {
-            **self.network.policy(session_id).to_dict(),
-            "stats": self.network.proxy.stats(session_id),
-        }
+        return NetworkStatus(self.network.policy(session_id), self.network.proxy.stats(session_id))
 
-    def set_network(self, session_id: str, mode: str, allow: list[str]) -> dict[str, Any]:
+    def set_network(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "set_network", *self.network.set(session_id, mode, allow))
 
-    def allow_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+    def allow_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "allow_network", *self.network.allow(session_id, hosts))
 
-    def deny_network(self, session_id: str, hosts: list[str]) -> dict[str, Any]:
+    def deny_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
         return self._changed(session_id, "deny_network", *self.network.deny(session_id, hosts))
 
     def request_network_access(
         self, session_id: str | None, hosts: list[str], reason: str
-    ) -> dict[str, Any]:
+    ) -> NetRequest:
         """An agent asks; the request waits for the operator and grants nothing by itself."""
         session = self.sessions.session_for(session_id).record.id
-        return self.network.request(session, hosts, reason).to_dict()
+        return self.network.request(session, hosts, reason)
 
-    def network_requests(self, status: str | None = None) -> list[dict[str, Any]]:
-        return [request.to_dict() for request in self.network.requests(status)]
+    def network_requests(self, status: str | None = None) -> list[NetRequest]:
+        return self.network.requests(status)
 
-    def decide_network_request(self, request_id: int, approve: bool) -> dict[str, Any]:
+    def decide_network_request(self, request_id: int, approve: bool) -> NetRequest:
         if approve:
             self._known(self.network.get_request(request_id).session)
         request = self.network.decide(request_id, approve)
@@ -319,15 +356,16 @@ class Service:
             request.session,
             {"request": request_id, "hosts": request.hosts},
         )
-        return request.to_dict()
+        return request
 
     def _known(self, session_id: str) -> None:
         if session_id != DEFAULT_SESSION:
             self.sessions.get(session_id)
 
-    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> dict[str, Any]:
-        self._audit_admin(action, session_id, {**policy.to_dict(), "tunnels_closed": cut})
-        return {**policy.to_dict(), "tunnels_closed": cut}
+    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> PolicyChange:
+        change = PolicyChange(policy, cut)
+        self._audit_admin(action, session_id, change.to_dict())
+        return change
 
     def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
         self._audit(
@@ -364,11 +402,10 @@ class Service:
         session: str | None = None,
         before_id: int | None = None,
         limit: int = 100,
-    ) -> dict[str, Any]:
+    ) -> AuditPage:
+        """One page of the audit log, newest first, after the records queued so far."""
         self._audit_written()
-        return self.audit.query(
-            kind=kind, session=session, before_id=before_id, limit=limit
-        ).to_dict()
+        return self.audit.query(kind=kind, session=session, before_id=before_id, limit=limit)
 
 
 def _write_audit(what: str, write: Callable[[], object]) -> None:

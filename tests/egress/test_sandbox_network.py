@@ -191,7 +191,7 @@ def allow_only(service: Service, *ports: int) -> None:
 
 
 def stats(service: Service) -> dict[str, int]:
-    return dict(service.network_policy(SID)["stats"])
+    return dict(service.network_policy(SID).to_dict()["stats"])
 
 
 # -- mode none -----------------------------------------------------------------------------
@@ -331,7 +331,7 @@ async def test_switching_none_allowlist_none_applies_to_the_next_connection(
     url = f"http://{HOST}:{site.port}/hello.txt"
     net.set_network(SID, "none", [])
     assert fetched(await sh(net, curl(url)))[0] == 403
-    changed = net.set_network(SID, "allowlist", [f"{HOST}:{site.port}"])
+    changed = net.set_network(SID, "allowlist", [f"{HOST}:{site.port}"]).to_dict()
     assert changed["mode"] == "allowlist" and changed["allow"] == [f"{HOST}:{site.port}"]
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 200 and HELLO in text, text
@@ -393,13 +393,13 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
     assert opened.results == [{"text/plain": "('HTTP/1.1 200 Connection established', 'PING')"}]
 
     # An unrelated change keeps it: the tunnel is still allowed.
-    kept = net.allow_network(SID, ["example.org"])
+    kept = net.allow_network(SID, ["example.org"]).to_dict()
     assert kept["tunnels_closed"] == 0
     again = await py(net, "exchange(tunnel, b'still')")
     assert again.results == [{"text/plain": "'STILL'"}], again.text()
 
     ended = len(echo.ended)
-    cut = net.set_network(SID, "none", [])
+    cut = net.set_network(SID, "none", []).to_dict()
     assert cut["tunnels_closed"] == 1
     after = await py(net, "exchange(tunnel, b'after'), tunnel.close()")
     assert after.status == "ok", after.text()
@@ -416,7 +416,7 @@ async def test_denying_the_entry_cuts_an_open_tunnel_too(net: Service, echo: Ech
     opened = await py(net, f"tunnel, _ = open_tunnel({echo.port})\nexchange(tunnel, b'x')")
     assert opened.results == [{"text/plain": "'X'"}], opened.text()
     ended = len(echo.ended)
-    denied = net.deny_network(SID, [f"{HOST}:{echo.port}"])
+    denied = net.deny_network(SID, [f"{HOST}:{echo.port}"]).to_dict()
     assert (denied["mode"], denied["allow"], denied["tunnels_closed"]) == ("allowlist", [], 1)
     after = await py(net, "exchange(tunnel, b'y'), tunnel.close()")
     outcome = after.results[0]["text/plain"]
@@ -471,7 +471,7 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     allow_only(net, site.port)
     await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt"))
     await sh(net, curl(f"http://{HOST}:{site.other}/hello.txt"))
-    entries = net.audit_page(kind="network", session=SID, limit=2)["entries"]
+    entries = net.audit_page(kind="network", session=SID, limit=2).to_dict()["entries"]
     refused, allowed = entries  # newest first
     assert allowed["action"] == "allow" and allowed["target"] == f"{HOST}:{site.port}"
     assert allowed["detail"]["rule"] == f"address listed: {HOST}:{site.port}"
@@ -479,7 +479,7 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     assert refused["action"] == "deny" and refused["target"] == f"{HOST}:{site.other}"
     assert "not listed by address" in refused["detail"]["rule"]
     assert refused["detail"]["allowed"] is False
-    changes = net.audit_page(kind="admin", session=SID, limit=1)["entries"]
+    changes = net.audit_page(kind="admin", session=SID, limit=1).to_dict()["entries"]
     assert changes[0]["action"] == "set_network"
 
 

@@ -109,7 +109,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
 
 
 def bridge_actions(service: Service, sid: str) -> list[str]:
-    entries = service.audit_page(kind="bridge", session=sid)["entries"]
+    entries = service.audit_page(kind="bridge", session=sid).to_dict()["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -199,7 +199,7 @@ async def test_raw_connections_without_the_token_get_no_byte_and_are_audited(
     ]
     token = (await run(service, "raw", "print(open('/run/corral-bridge/token').read())")).strip()
     assert len(token) == 64
-    assert token not in json.dumps(service.audit_page(limit=1000)["entries"])
+    assert token not in json.dumps(service.audit_page(limit=1000).to_dict()["entries"])
 
 
 async def test_a_session_without_the_bridge_has_no_agent(
@@ -236,7 +236,7 @@ async def test_enabling_the_bridge_takes_effect_at_the_next_start(
     assert host_agent.fingerprint in listed
     off = service.set_bridge("later", False)
     assert off.active is True and off.restart_needed is True
-    admin = service.audit_page(kind="admin", session="later")["entries"]
+    admin = service.audit_page(kind="admin", session="later").to_dict()["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 
 

@@ -138,6 +138,43 @@ async def test_kill_9_of_itself_is_a_died_result(service: Service) -> None:
     assert (await service.execute("2", session_id="self-kill")).status == "ok"
 
 
+async def test_a_died_result_keeps_what_was_printed_before_the_kernel_died(
+    service: Service,
+) -> None:
+    """Output that reached the host before the kernel died is in the result, even when the
+    host had not read it yet when it noticed the death (here a slow output hook holds the
+    reader until the kernel is gone)."""
+    await service.create_session("last-words")
+    await service.execute("1", session_id="last-words")
+    kernel = service.sessions.session_for("last-words").kernels["python"]
+    code = (
+        "import os, signal, time\n"
+        "print('first', flush=True)\n"
+        "time.sleep(0.2)\n"
+        "print('second', flush=True)\n"
+        "time.sleep(0.5)\n"  # lets 'second' reach the host's socket
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    held = False
+
+    async def slow_reader(kind: str, content: object) -> None:
+        nonlocal held
+        if held:
+            return
+        held = True
+        deadline = asyncio.get_running_loop().time() + 20
+        while await kernel.is_alive():
+            assert asyncio.get_running_loop().time() < deadline, "the kernel did not die"
+            await asyncio.sleep(0.05)
+
+    result = await service.sessions.execute(
+        "last-words", code, language="python", on_output=slow_reader
+    )
+    assert held
+    assert result.status == "died"
+    assert result.stdout == "first\nsecond\n"
+
+
 async def test_kernel_killed_from_outside_mid_execution(service: Service) -> None:
     await service.create_session("victim")
     await service.create_session("bystander")

@@ -140,7 +140,7 @@ async def test_the_egress_socket_speaks_for_the_session_that_took_it(
         pooled.allow_network("netpool", [f"{HOST}:{port}"])
         allowed = await run(pooled, "netpool", code, language="bash")
         assert allowed.stdout.strip() == "200"
-    decisions = pooled.audit_page(kind="network", session="netpool")["entries"]
+    decisions = pooled.audit_page(kind="network", session="netpool").to_dict()["entries"]
     assert decisions, "the proxy's decisions are audited under the session's name"
 
 

@@ -113,7 +113,7 @@ async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str,
 
 def reported(service: Service, sid: str) -> list[list[str]]:
     """The name lists of the session's "protected" audit entries, oldest first."""
-    entries = service.audit_page(kind="protected", session=sid)["entries"]
+    entries = service.audit_page(kind="protected", session=sid).to_dict()["entries"]
     return [entry["detail"]["names"] for entry in reversed(entries)]
 
 
@@ -281,7 +281,7 @@ async def test_protected_names_are_copies_and_the_report_lists_exactly_the_chang
             assert (repo / rel).read_text() == f"host {rel}\n", rel
         await service.stop_session("names")
         [names] = reported(service, "names")
-        audit = json.dumps(service.audit_page(kind="protected")["entries"])
+        audit = json.dumps(service.audit_page(kind="protected").to_dict()["entries"])
     assert names == sorted(f"proj/{rel}" for rel in [*changed, ".envrc"])
     assert secret not in audit
     assert (repo / ".envrc").read_text() == secret  # not protected while missing: reported

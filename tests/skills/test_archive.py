@@ -14,6 +14,7 @@ import pytest
 
 from corral.skills.archive import ArchiveRefused, set_aside, unpack_skill_zip
 from corral.skills.catalog import SkillCatalog
+from corral.texts import skills_text
 
 MIB = 1024 * 1024
 SKILL_MD = "---\nname: {name}\ndescription: A test skill.\n---\n\nUse it.\n"
@@ -314,7 +315,7 @@ def test_refresh_sets_bad_archives_aside_and_still_lists_the_good_ones(
         assert any(f"{name}.zip set aside" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "evil").exists()
 
-    text = catalog.list_text()
+    text = skills_text(catalog.listing())
     assert "User Skills (1):\n  - good: A test skill.\n" in text
     assert "Archives set aside in the user skills folder (3):\n" in text
     assert "  - locked.zip.bad: skill archive refused: member 's/secret.txt' is password" in text

@@ -7,12 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import InvalidInput, NotFound, TooLarge
+from corral.errors import CorralError, InvalidInput, NotFound, TooLarge
 from corral.skills import PUBLIC_DIR
 from corral.skills.catalog import SkillCatalog
+from corral.texts import skill_error_text, skill_file_text, skill_info_text, skills_text
 
 SHIPPED = ("docx", "images", "pdf", "pptx", "xlsx")
 RULE = "=" * 80
+
+
+def info_text(catalog: SkillCatalog, name: str) -> str:
+    """What get_skill_info answers: the text of the info, or of the error."""
+    try:
+        return skill_info_text(catalog.info(name))
+    except CorralError as exc:
+        return skill_error_text(exc)
+
+
+def file_text(catalog: SkillCatalog, name: str, filename: str) -> str:
+    """What get_skill_file answers: the text of the file, or of the error."""
+    try:
+        return skill_file_text(catalog.text_file(name, filename))
+    except CorralError as exc:
+        return skill_error_text(exc)
 
 
 def make_skill(root: Path, name: str, front: str | None = None, body: str = "How to.\n") -> Path:
@@ -61,7 +78,7 @@ def test_the_five_shipped_skills_are_listed_without_problems(tmp_path: Path) -> 
 
 
 def test_list_text_has_coderunners_shape(tmp_path: Path) -> None:
-    text = SkillCatalog(PUBLIC_DIR, tmp_path / "none").list_text()
+    text = skills_text(SkillCatalog(PUBLIC_DIR, tmp_path / "none").listing())
     lines = text.splitlines()
     assert lines[:3] == ["Available Skills:", "", "Public Skills (5):"]
     assert [line.split(":")[0] for line in lines[3:8]] == [f"  - {name}" for name in SHIPPED]
@@ -86,7 +103,7 @@ def test_user_skills_are_listed_after_the_public_ones(catalog: SkillCatalog, use
     assert entries[1].description == "The beta skill."
     assert entries[1].location == "/opt/corral/skills/user/beta"
     assert "User Skills (2):\n  - beta: The beta skill.\n  - zeta: The zeta skill." in (
-        catalog.list_text()
+        skills_text(catalog.listing())
     )
 
 
@@ -114,7 +131,7 @@ def test_front_matter_problems_are_reported_per_skill(
     assert problems[("public", "alpha")] is None
     broken = problems[("user", "broken")]
     assert broken is not None and problem in broken
-    assert f"  - broken: (not usable: {broken})" in catalog.list_text()
+    assert f"  - broken: (not usable: {broken})" in skills_text(catalog.listing())
 
 
 def test_a_skill_without_skill_md_is_listed_with_the_problem(
@@ -129,7 +146,7 @@ def test_a_user_skill_cannot_shadow_a_public_one(catalog: SkillCatalog, user: Pa
     problems = by_name(catalog)
     assert problems[("public", "alpha")] is None
     assert "a public skill has the same name" in str(problems[("user", "alpha")])
-    text = catalog.info_text("alpha")
+    text = info_text(catalog, "alpha")
     assert text.startswith("Skill: alpha (public)\n")
     assert "Impostor" not in text
 
@@ -144,14 +161,14 @@ def test_hidden_folders_and_plain_files_are_not_skills(catalog: SkillCatalog, us
 
 
 def test_info_text_names_the_sandbox_path(catalog: SkillCatalog, public: Path) -> None:
-    text = catalog.info_text("alpha")
+    text = info_text(catalog, "alpha")
     header = "Skill: alpha (public)\nLocation: /opt/corral/skills/public/alpha/\n"
     assert text == header + RULE + "\n\n" + (public / "alpha" / "SKILL.md").read_text()
 
 
 def test_file_text_names_the_sandbox_path(catalog: SkillCatalog, user: Path) -> None:
     make_skill(user, "beta")
-    text = catalog.file_text("beta", "scripts/run.py")
+    text = file_text(catalog, "beta", "scripts/run.py")
     assert text == (
         "Skill: beta (user)\nFile: scripts/run.py\n"
         "Location: /opt/corral/skills/user/beta/scripts/run.py\n" + RULE + "\n\nprint('hi')\n"
@@ -159,14 +176,14 @@ def test_file_text_names_the_sandbox_path(catalog: SkillCatalog, user: Path) -> 
 
 
 def test_the_sandbox_root_can_be_changed(public: Path, user: Path) -> None:
-    text = SkillCatalog(public, user, sandbox_root="/skills").info_text("alpha")
+    text = info_text(SkillCatalog(public, user, sandbox_root="/skills"), "alpha")
     assert "Location: /skills/public/alpha/\n" in text
 
 
 def test_unknown_skill_and_file_are_errors_with_a_hint(catalog: SkillCatalog) -> None:
     hint = " Use list_skills() to see available skills."
-    assert catalog.info_text("ghost") == "Error: Skill 'ghost' not found." + hint
-    assert catalog.file_text("alpha", "nope.py") == (
+    assert info_text(catalog, "ghost") == "Error: Skill 'ghost' not found." + hint
+    assert file_text(catalog, "alpha", "nope.py") == (
         "Error: File 'nope.py' not found in skill 'alpha'." + hint
     )
     with pytest.raises(NotFound):
@@ -177,10 +194,11 @@ def test_unknown_skill_and_file_are_errors_with_a_hint(catalog: SkillCatalog) ->
 
 def test_structured_info_and_file(catalog: SkillCatalog) -> None:
     info = catalog.info("alpha")
-    assert info["name"] == "alpha" and info["source"] == "public"
-    assert info["location"] == "/opt/corral/skills/public/alpha"
-    assert info["problem"] is None
-    assert info["content"].startswith("---\nname: alpha\n")
+    assert info.entry.name == "alpha" and info.entry.source == "public"
+    assert info.entry.location == "/opt/corral/skills/public/alpha"
+    assert info.entry.problem is None
+    assert info.content.startswith("---\nname: alpha\n")
+    assert info.to_dict()["content"] == info.content
     assert catalog.file("alpha", "scripts/run.py") == b"print('hi')\n"
 
 
@@ -193,8 +211,8 @@ def test_structured_info_and_file(catalog: SkillCatalog) -> None:
 def test_bad_skill_names_are_refused(catalog: SkillCatalog, name: str) -> None:
     with pytest.raises(InvalidInput, match="Invalid skill name"):
         catalog.info(name)
-    assert catalog.info_text(name).startswith("Error: Invalid skill name")
-    assert catalog.file_text(name, "SKILL.md").startswith("Error: Invalid skill name")
+    assert info_text(catalog, name).startswith("Error: Invalid skill name")
+    assert file_text(catalog, name, "SKILL.md").startswith("Error: Invalid skill name")
 
 
 @pytest.mark.parametrize(
@@ -216,7 +234,7 @@ def test_file_names_that_could_escape_are_refused(
     with pytest.raises(InvalidInput, match="Invalid file name") as caught:
         catalog.file("alpha", filename)
     assert reason in str(caught.value)
-    assert catalog.file_text("alpha", filename).startswith("Error: Invalid file name")
+    assert file_text(catalog, "alpha", filename).startswith("Error: Invalid file name")
 
 
 def test_a_link_inside_a_skill_is_refused_not_followed(
@@ -227,7 +245,7 @@ def test_a_link_inside_a_skill_is_refused_not_followed(
     os.symlink(secret, public / "alpha" / "scripts" / "leak.txt")
     os.symlink(tmp_path, public / "alpha" / "up")
     for filename in ("scripts/leak.txt", "up/secret.txt"):
-        text = catalog.file_text("alpha", filename)
+        text = file_text(catalog, "alpha", filename)
         assert "is a symbolic link" in text and "never followed" in text, text
         assert "host secret" not in text
         with pytest.raises(InvalidInput, match="symbolic link"):
@@ -240,7 +258,7 @@ def test_a_skill_folder_that_is_a_link_is_listed_with_a_problem_and_not_read(
     outside = make_skill(tmp_path / "elsewhere", "linked")
     os.symlink(outside, user / "linked")
     assert "is a symbolic link" in str(by_name(catalog)[("user", "linked")])
-    assert "symbolic link" in catalog.info_text("linked")
+    assert "symbolic link" in info_text(catalog, "linked")
 
 
 def test_a_skill_md_that_is_a_link_is_not_read(
@@ -258,11 +276,11 @@ def test_a_fifo_is_refused_without_blocking(catalog: SkillCatalog, public: Path)
     os.mkfifo(public / "alpha" / "pipe")
     with pytest.raises(InvalidInput, match="not a regular file"):
         catalog.file("alpha", "pipe")
-    assert "not a regular file" in catalog.file_text("alpha", "pipe")
+    assert "not a regular file" in file_text(catalog, "alpha", "pipe")
 
 
 def test_a_folder_is_not_a_file(catalog: SkillCatalog) -> None:
-    assert catalog.file_text("alpha", "scripts") == (
+    assert file_text(catalog, "alpha", "scripts") == (
         "Error: 'scripts' in skill 'alpha' is a folder, not a file."
     )
 
@@ -273,7 +291,7 @@ def test_an_oversized_file_is_refused_with_its_sandbox_path(
     (public / "alpha" / "big.txt").write_bytes(b"x" * (catalog.max_file_bytes + 1))
     with pytest.raises(TooLarge, match="over the 1048576 bytes"):
         catalog.file("alpha", "big.txt")
-    text = catalog.file_text("alpha", "big.txt")
+    text = file_text(catalog, "alpha", "big.txt")
     assert text.startswith("Error: File 'big.txt' in skill 'alpha' is 1048577 bytes")
     assert "/opt/corral/skills/public/alpha/big.txt" in text
 
@@ -283,6 +301,6 @@ def test_a_binary_file_is_refused_as_text_but_served_as_bytes(
 ) -> None:
     data = b"\x89PNG\r\n\x1a\n\xff\xfe"
     (public / "alpha" / "logo.png").write_bytes(data)
-    text = catalog.file_text("alpha", "logo.png")
+    text = file_text(catalog, "alpha", "logo.png")
     assert text.startswith("Error: File 'logo.png' in skill 'alpha' is not UTF-8 text")
     assert catalog.file("alpha", "logo.png") == data

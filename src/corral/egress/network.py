@@ -8,8 +8,10 @@ operator can approve. Each change re-checks the session's open tunnels at once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corral.config import Settings
 from corral.egress.protocol import Target
@@ -24,6 +26,28 @@ MAX_REQUEST_HOSTS = 20
 BROWSER_PREFIX = "@browser-"
 MAX_REASON_CHARS = 2000
 DecisionLog = Callable[[str, Target, Decision], None]
+
+
+@dataclass(frozen=True)
+class NetworkStatus:
+    """A session's policy and its proxy's counters (active, connections, refused, bytes)."""
+
+    policy: Policy
+    stats: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.policy.to_dict(), "stats": dict(self.stats)}
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """A session's policy after a change, and how many open tunnels it closed."""
+
+    policy: Policy
+    tunnels_closed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.policy.to_dict(), "tunnels_closed": self.tunnels_closed}
 
 
 class Network:

@@ -22,6 +22,7 @@ from corral.kernels.results import ExecutionError, ExecutionResult, Limit, Statu
 
 OutputHook = Callable[[str, Any], Awaitable[None]]
 POLL_S = 0.25
+DRAIN_S = 0.05  # how long a dead kernel's socket is read for messages still arriving
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
 # Why the watch interrupted the code, as the limit a result reports.
 _LIMIT_OF_REASON: dict[str, Limit] = {"flood": "output", "disk": "disk"}
@@ -187,6 +188,8 @@ async def _follow_iopub(
     client = _client(kernel)
     while True:
         problem = await watch.check()
+        if problem == "died":
+            await _drain_iopub(client, msg_id, collector, on_output)
         if problem:
             return problem
         try:
@@ -197,10 +200,37 @@ async def _follow_iopub(
             continue
         if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
             return "idle"
-        if collector.add(msg):
+        if await _take(msg, collector, on_output):
             await watch.interrupt("flood")
-        if on_output is not None and msg["msg_type"] not in ("status", "execute_input"):
-            await on_output(msg["msg_type"], msg["content"])
+
+
+async def _drain_iopub(
+    client: AsyncKernelClient,
+    msg_id: str,
+    collector: OutputCollector,
+    on_output: OutputHook | None,
+) -> None:
+    """Fold in what the kernel sent before it died and the reader had not taken yet: the
+    messages already at the host end of the socket (a dead kernel sends nothing more, so
+    the first short wait with nothing arriving ends it)."""
+    while True:
+        try:
+            msg = await client.get_iopub_msg(timeout=DRAIN_S)
+        except queue.Empty:
+            return
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            await _take(msg, collector, on_output)
+
+
+async def _take(
+    msg: dict[str, Any], collector: OutputCollector, on_output: OutputHook | None
+) -> bool:
+    """Fold one of our messages into the result and pass it on; True when it went past the
+    output cap."""
+    past_cap = collector.add(msg)
+    if on_output is not None and msg["msg_type"] not in ("status", "execute_input"):
+        await on_output(msg["msg_type"], msg["content"])
+    return past_cap
 
 
 async def _read_reply(

@@ -17,37 +17,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral import errors as e
+from corral import texts
 from corral.browser.fetch import PageResult
-from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import SessionInfo
 from corral.server.auth import role_of
 from corral.server.errors import status_of
 from corral.server.rest import service_of
 from corral.server.schemas import CompatBrowserRequest, CompatExecuteRequest
-
-NO_OUTPUT = "[Execution successful with no output]"
-
-
-def result_text(result: ExecutionResult) -> str:
-    """coderunner's text for a result: the output and text results, or its no-output marker."""
-    # A figure's text/plain is only its repr ("<Figure size ...>"): the image says more.
-    texts = [
-        bundle["text/plain"]
-        for bundle in result.results
-        if "text/plain" in bundle and not any(m.startswith("image/") for m in bundle)
-    ]
-    text = result.stdout + "".join(texts)
-    return text or NO_OUTPUT
-
-
-def error_text(result: ExecutionResult) -> str | None:
-    """coderunner's 'Error: ...' text when the code failed, else None."""
-    if result.error is not None:
-        lines = result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"]
-        return "Error: Execution Error:\n" + "\n".join(lines)
-    if result.status != "ok":
-        return f"Error: {result.message or result.status}"
-    return None
 
 
 def session_view(info: SessionInfo, status: str | None = None) -> dict[str, Any]:
@@ -73,11 +49,9 @@ async def execute(request: Request) -> Response:
             actor=role_of(request.scope).value,
         )
     except e.CorralError as exc:
-        return _exec_failure(status_of(exc)[0], f"Error: {exc}")
-    failure = error_text(result)
+        return _exec_failure(status_of(exc)[0], texts.failure_text(exc))
     seconds = round(result.duration_s, 6)
-    stdout = result_text(result) if failure is None else result.stdout
-    stderr = result.stderr + (failure or "")
+    stdout, stderr = texts.compat_output(result)
     return JSONResponse(
         {"stdout": stdout, "stderr": stderr, "execution_time": seconds, "cpu_time": seconds}
     )
@@ -148,7 +122,12 @@ async def browser_navigate(request: Request) -> Response:
     if isinstance(page, str):
         return JSONResponse({"status": "error", "error": page})
     return JSONResponse(
-        {"status": "success", "url": page.url, "title": page.title, "content": page_text(page)}
+        {
+            "status": "success",
+            "url": page.url,
+            "title": page.title,
+            "content": texts.page_text(page),
+        }
     )
 
 
@@ -164,12 +143,6 @@ async def browser_content(request: Request) -> Response:
     return JSONResponse(answer)
 
 
-def page_text(page: PageResult) -> str:
-    """The page's text with corral's notes (cut text, refused connections) after it."""
-    notes = "".join(f"\n[corral] {note}" for note in page.notes())
-    return page.text + notes
-
-
 async def _fetch_for_compat(request: Request) -> PageResult | str:
     body = _browser_body(await request.body())
     if isinstance(body, str):
@@ -183,7 +156,7 @@ async def _fetch_for_compat(request: Request) -> PageResult | str:
     try:
         return await service.fetch_page(body.url, timeout_s=timeout_s)
     except e.CorralError as exc:
-        return f"Error: Failed to retrieve all visible text: {exc}"
+        return texts.fetch_failure_text(exc)
 
 
 def _browser_body(raw: bytes) -> CompatBrowserRequest | str:

@@ -18,15 +18,19 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import BaseModel
 
-from corral import __version__
+from corral import __version__, texts
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError
+from corral.execution import Execution
+from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
-from corral.server.compat import NO_OUTPUT, error_text, page_text, result_text, session_view
-from corral.server.schemas import ExecutionResultModel, FileEntryModel, FileListing, PageModel
+from corral.server.compat import session_view
+from corral.server.schemas import ExecutionResultModel, FileListing, PageModel
 from corral.service import Service
+from corral.store import NetRequest
 
 MAX_TEXT_FILE_BYTES = 1_000_000
+PROGRESS_TEXT_CHARS = 4000  # of new output in one progress notice
 INSTRUCTIONS = (
     "corral runs code in sandboxed, persistent Jupyter kernels. Variables persist per session; "
     "files live in /workspace. Omit session_id to use the default session. The sandbox has no "
@@ -126,29 +130,37 @@ class _Tools:
     async def _execute(
         self, code: str, session_id: str | None, language: str, ctx: Context
     ) -> CallToolResult:
-        task = asyncio.ensure_future(
-            self.service.execute(code, session_id=session_id, language=language)
-        )
         try:
-            result = await _with_progress(task, ctx, self.service.settings.progress_interval_s)
+            execution = self.service.start_execution(
+                code, session_id=session_id, language=language, keep_events=True
+            )
+            result = await _with_progress(execution, ctx, self.service.settings.progress_interval_s)
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.
             return CallToolResult(
-                content=[TextContent(type="text", text=f"Error: {exc}")], is_error=True
+                content=[TextContent(type="text", text=texts.failure_text(exc))], is_error=True
             )
-        except asyncio.CancelledError:
-            await self.service.cancel(task)
+        except asyncio.CancelledError:  # notifications/cancelled: see corral.execution
+            await execution.cancel()
             raise
         return execution_content(result)
 
     async def list_skills(self) -> str:
-        return await self.service.list_skills_text()
+        return texts.skills_text(await self.service.list_skills())
 
     async def get_skill_info(self, skill_name: str) -> str:
-        return await self.service.skill_info_text(skill_name)
+        try:
+            info = await self.service.skill_info(skill_name)
+        except CorralError as exc:
+            return texts.skill_error_text(exc)
+        return texts.skill_info_text(info)
 
     async def get_skill_file(self, skill_name: str, filename: str) -> str:
-        return await self.service.skill_file_text(skill_name, filename)
+        try:
+            file = await self.service.skill_text_file(skill_name, filename)
+        except CorralError as exc:
+            return texts.skill_error_text(exc)
+        return texts.skill_file_text(file)
 
     async def navigate_and_get_all_visible_text(
         self, url: str, screenshot: bool = False
@@ -156,7 +168,7 @@ class _Tools:
         try:
             page = await self.service.fetch_page(url, screenshot=screenshot)
         except CorralError as exc:
-            text = f"Error: Failed to retrieve all visible text: {exc}"
+            text = texts.fetch_failure_text(exc)
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         return page_content(page)
 
@@ -177,10 +189,10 @@ class _Tools:
     async def list_files(
         self, path: str = ".", session_id: str | None = None, recursive: bool = False
     ) -> FileListing:
-        listing = _sync_tool_call(
+        listing: Listing = _sync_tool_call(
             lambda: self.service.list_files(session_id, path, recursive=recursive)
         )
-        return FileListing.model_validate(listing)
+        return FileListing.model_validate(listing.to_dict())
 
     async def read_file(self, path: str, session_id: str | None = None) -> str:
         data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
@@ -197,50 +209,48 @@ class _Tools:
     async def request_network_access(
         self, hosts: list[str], reason: str, ctx: Context, session_id: str | None = None
     ) -> NetworkRequestView:
-        made = _sync_tool_call(
+        made: NetRequest = _sync_tool_call(
             lambda: self.service.request_network_access(session_id, hosts, reason)
         )
         if self.service.settings.net_elicitation:
             made = await self._ask_user(made, ctx)
-        if made["status"] == "approved":
-            message = f"Approved: {' '.join(made['hosts'])} can be reached now."
-        elif made["status"] == "rejected":
+        if made.status == "approved":
+            message = f"Approved: {' '.join(made.hosts)} can be reached now."
+        elif made.status == "rejected":
             message = "The request was rejected."
         else:
             message = (
-                f"Request {made['id']} is waiting for the operator, who can approve it "
-                f"with 'corral net approve {made['id']}'. Nothing is allowed until then."
+                f"Request {made.id} is waiting for the operator, who can approve it "
+                f"with 'corral net approve {made.id}'. Nothing is allowed until then."
             )
-        return NetworkRequestView(
-            id=made["id"], status=made["status"], hosts=made["hosts"], message=message
-        )
+        return NetworkRequestView(id=made.id, status=made.status, hosts=made.hosts, message=message)
 
-    async def _ask_user(self, made: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    async def _ask_user(self, made: NetRequest, ctx: Context) -> NetRequest:
         """Ask the human through the client (opt-in: CORRAL_NET_ELICITATION=1).
 
         Only for clients that show elicitations to a person; an answer from a program would
         let the agent's side grant itself access. No answer leaves the request pending.
         """
         question = (
-            f"Allow sandbox session {made['session']!r} to reach "
-            f"{', '.join(made['hosts'])}?\nReason given: {made['reason'] or '(none)'}"
+            f"Allow sandbox session {made.session!r} to reach "
+            f"{', '.join(made.hosts)}?\nReason given: {made.reason or '(none)'}"
         )
         try:
             answer = await ctx.elicit(question, AccessAnswer)
         except Exception:  # the client cannot elicit: the operator decides later
             return made
         if answer.action == "accept" and isinstance(answer.data, AccessAnswer):
-            return self.service.decide_network_request(made["id"], answer.data.allow)
+            return self.service.decide_network_request(made.id, answer.data.allow)
         if answer.action == "decline":
-            return self.service.decide_network_request(made["id"], False)
+            return self.service.decide_network_request(made.id, False)
         return made
 
     async def write_file(
         self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
     ) -> WriteResult:
         data = _decode_content(content, base64_encoded)
-        entry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
-        return WriteResult(path=FileEntryModel.model_validate(entry).path, size_bytes=len(data))
+        entry: FileEntry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
+        return WriteResult(path=entry.path, size_bytes=len(data))
 
 
 class AccessAnswer(BaseModel):
@@ -256,7 +266,7 @@ class NetworkRequestView(BaseModel):
 
 def page_content(page: PageResult) -> CallToolResult:
     """The page's text (with corral's notes), its screenshot as an image, the page as data."""
-    blocks: list[ContentBlock] = [TextContent(type="text", text=page_text(page))]
+    blocks: list[ContentBlock] = [TextContent(type="text", text=texts.page_text(page))]
     if page.screenshot_png is not None:
         data = base64.b64encode(page.screenshot_png).decode("ascii")
         blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
@@ -266,35 +276,45 @@ def page_content(page: PageResult) -> CallToolResult:
 
 def execution_content(result: ExecutionResult) -> CallToolResult:
     """coderunner's text, images as image content, and the whole result as structured content."""
-    failure = error_text(result)
     images: list[ContentBlock] = [
         ImageContent(type="image", data=bundle[mime], mime_type=mime)
         for bundle in result.results
         for mime in ("image/png", "image/jpeg")
         if mime in bundle
     ]
-    text = result_text(result) if failure is None else (result.stdout + result.stderr + failure)
-    if images and text == NO_OUTPUT:
-        text = f"[Execution successful: {len(images)} image(s)]"
+    text = texts.tool_text(result)
     blocks: list[ContentBlock] = [TextContent(type="text", text=text), *images]
     structured = ExecutionResultModel.model_validate(result.to_dict()).model_dump(mode="json")
     return CallToolResult(content=blocks, structured_content=structured)
 
 
-async def _with_progress(
-    task: asyncio.Future[ExecutionResult], ctx: Context, every_s: float
-) -> ExecutionResult:
-    """Await the execution, telling the client every `every_s` that it is still running."""
+async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> ExecutionResult:
+    """Await the execution, telling the client every `every_s` that it is still running,
+    with the output that arrived since the last notice (at most `PROGRESS_TEXT_CHARS`)."""
+    arrived: list[str] = []
+    reader = asyncio.ensure_future(_collect_text(execution, arrived))
     elapsed = 0.0
-    while True:
-        try:
-            result: ExecutionResult = await asyncio.wait_for(asyncio.shield(task), every_s)
-            return result
-        except TimeoutError:
+    try:
+        while not await execution.wait(every_s):
             elapsed += every_s
-            await ctx.report_progress(
-                progress=elapsed, message=f"still running ({elapsed:g} s elapsed)"
-            )
+            await ctx.report_progress(progress=elapsed, message=_progress_note(elapsed, arrived))
+    finally:
+        reader.cancel()
+        await asyncio.wait({reader})  # ended, not left pending
+    return await execution.result()
+
+
+async def _collect_text(execution: Execution, arrived: list[str]) -> None:
+    async for event in execution.events():
+        if event.kind in ("stdout", "stderr"):
+            arrived.append(event.text)
+
+
+def _progress_note(elapsed_s: float, arrived: list[str]) -> str:
+    note = f"still running ({elapsed_s:g} s elapsed)"
+    text = "".join(arrived)[-PROGRESS_TEXT_CHARS:]
+    arrived.clear()
+    return f"{note}\n{text}" if text else note
 
 
 async def _tool_call(awaitable: Any) -> Any:

@@ -69,7 +69,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "POST",
         "/v1/sessions/{id}/execute",
-        "Run code; Accept text/event-stream or application/x-ndjson streams output",
+        "Run code; Accept text/event-stream or application/x-ndjson streams stdout, stderr, "
+        "display and error events, then the result",
         body=s.ExecuteRequest,
         ok=(200, s.ExecutionResultModel),
     ),

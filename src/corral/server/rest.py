@@ -6,7 +6,6 @@ statuses in one place (`corral.server.errors`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar, overload
@@ -17,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.errors import InvalidInput
-from corral.kernels.results import ExecutionResult
+from corral.execution import Execution
 from corral.server.auth import role_of
 from corral.server.schemas import (
     BridgeRequest,
@@ -108,76 +107,38 @@ async def execute_any(request: Request) -> Response:
 
 
 async def _execute(request: Request, session_id: str | None, body: ExecuteRequest) -> Response:
-    service = service_of(request)
-    actor = role_of(request.scope).value
+    """The result as JSON, or streamed as SSE/NDJSON events when the client accepts that.
+
+    The request is checked before anything starts, so a refusal is a plain status; once
+    running, a client that leaves does not stop the code (see `corral.execution`).
+    """
     mode = STREAM_TYPES.get(request.headers.get("accept", "").split(",")[0].strip())
-    if mode is None:
-        result = await _shielded(
-            service.execute(
-                body.code,
-                session_id=session_id,
-                language=body.language,
-                timeout_s=body.timeout_s,
-                actor=actor,
-            )
-        )
-        return JSONResponse(result.to_dict())
-    service.check_execute(session_id, body.language, body.timeout_s)
-    events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-
-    async def hook(kind: str, content: Any) -> None:
-        await events.put((kind, content))
-
-    task = asyncio.create_task(
-        service.execute(
-            body.code,
-            session_id=session_id,
-            language=body.language,
-            timeout_s=body.timeout_s,
-            on_output=hook,
-            actor=actor,
-        )
+    execution = service_of(request).start_execution(
+        body.code,
+        session_id=session_id,
+        language=body.language,
+        timeout_s=body.timeout_s,
+        actor=role_of(request.scope).value,
+        keep_events=mode is not None,
     )
+    if mode is None:
+        return JSONResponse((await execution.result()).to_dict())
     media = "text/event-stream" if mode == "sse" else "application/x-ndjson"
     return StreamingResponse(
-        _stream(task, events, mode), media_type=media, headers={"Cache-Control": "no-store"}
+        _stream(execution, mode), media_type=media, headers={"Cache-Control": "no-store"}
     )
 
 
-async def _shielded(coro: Any) -> ExecutionResult:
-    """Run the execution to its end even if the client goes away: the code was sent."""
-    task = asyncio.ensure_future(coro)
-    result: ExecutionResult = await asyncio.shield(task)
-    return result
-
-
-async def _stream(
-    task: asyncio.Task[ExecutionResult], events: asyncio.Queue[tuple[str, Any]], mode: str
-) -> AsyncIterator[str]:
+async def _stream(execution: Execution, mode: str) -> AsyncIterator[str]:
     """Output events as they happen, then the whole result as the last event."""
-    while not (task.done() and events.empty()):
-        getter = asyncio.ensure_future(events.get())
-        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-        if getter in done:
-            yield _event(mode, *_shape(*getter.result()))
-        else:
-            getter.cancel()
+    async for event in execution.events():
+        yield _event(mode, event.kind, event.to_dict())
     try:
-        result = task.result()
+        result = await execution.result()
     except Exception as exc:  # reported in the stream: headers are already sent
         yield _event(mode, "failure", {"message": str(exc)})
         return
     yield _event(mode, "result", result.to_dict())
-
-
-def _shape(kind: str, content: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    if kind == "stream":
-        return content.get("name", "stdout"), {"text": content.get("text", "")}
-    if kind in ("execute_result", "display_data", "update_display_data"):
-        return "display", {"data": content.get("data", {})}
-    if kind == "error":
-        return "error", {"ename": content.get("ename"), "evalue": content.get("evalue")}
-    return kind, {}
 
 
 def _event(mode: str, name: str, data: dict[str, Any]) -> str:
@@ -196,7 +157,7 @@ async def list_files(request: Request) -> Response:
         params.get("path", "."),
         recursive=_bool_param(params.get("recursive")),
     )
-    return JSONResponse(listing)
+    return JSONResponse(listing.to_dict())
 
 
 async def download_file(request: Request) -> Response:
@@ -207,7 +168,7 @@ async def download_file(request: Request) -> Response:
 async def upload_file(request: Request) -> Response:
     data = await request.body()
     entry = service_of(request).write_file(request.path_params["id"], _required_path(request), data)
-    return JSONResponse(entry, status_code=201)
+    return JSONResponse(entry.to_dict(), status_code=201)
 
 
 async def delete_file(request: Request) -> Response:
@@ -236,7 +197,7 @@ async def admin_audit(request: Request) -> Response:
         before_id=_int_param(params.get("before_id")),
         limit=_int_param(params.get("limit"), default=100),
     )
-    return JSONResponse(page)
+    return JSONResponse(page.to_dict())
 
 
 async def admin_stop_session(request: Request) -> Response:
@@ -264,11 +225,12 @@ async def admin_set_bridge(request: Request) -> Response:
 
 
 async def list_skills(request: Request) -> Response:
-    return JSONResponse(await service_of(request).list_skills())
+    return JSONResponse((await service_of(request).list_skills()).to_dict())
 
 
 async def skill_info(request: Request) -> Response:
-    return JSONResponse(await service_of(request).skill_info(request.path_params["name"]))
+    info = await service_of(request).skill_info(request.path_params["name"])
+    return JSONResponse(info.to_dict())
 
 
 async def skill_file(request: Request) -> Response:
@@ -294,33 +256,35 @@ async def request_network(request: Request) -> Response:
     made = service_of(request).request_network_access(
         request.path_params["id"], body.hosts, body.reason
     )
-    return JSONResponse(made, status_code=202)
+    return JSONResponse(made.to_dict(), status_code=202)
 
 
 async def admin_get_network(request: Request) -> Response:
-    return JSONResponse(service_of(request).network_policy(request.path_params["id"]))
+    return JSONResponse(service_of(request).network_policy(request.path_params["id"]).to_dict())
 
 
 async def admin_set_network(request: Request) -> Response:
     body = await parse_body(request, NetworkPolicyRequest)
-    return JSONResponse(
-        service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
-    )
+    changed = service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_allow_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    return JSONResponse(service_of(request).allow_network(request.path_params["id"], body.hosts))
+    changed = service_of(request).allow_network(request.path_params["id"], body.hosts)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_deny_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    return JSONResponse(service_of(request).deny_network(request.path_params["id"], body.hosts))
+    changed = service_of(request).deny_network(request.path_params["id"], body.hosts)
+    return JSONResponse(changed.to_dict())
 
 
 async def admin_network_requests(request: Request) -> Response:
     status = request.query_params.get("status")
-    return JSONResponse({"requests": service_of(request).network_requests(status)})
+    found = service_of(request).network_requests(status)
+    return JSONResponse({"requests": [made.to_dict() for made in found]})
 
 
 async def admin_approve_request(request: Request) -> Response:
@@ -333,7 +297,7 @@ async def admin_reject_request(request: Request) -> Response:
 
 def _decide_request(request: Request, *, approve: bool) -> Response:
     request_id = _int_param(request.path_params["rid"], default=0)
-    return JSONResponse(service_of(request).decide_network_request(request_id, approve))
+    return JSONResponse(service_of(request).decide_network_request(request_id, approve).to_dict())
 
 
 def _bool_param(raw: str | None) -> bool:

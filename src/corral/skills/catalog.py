@@ -17,7 +17,8 @@ The structured calls (`list`, `info`, `file`) raise, from `corral.errors`:
                    file is wanted, a file that is not UTF-8 text where text is wanted
     NotFound       no such skill or file
     TooLarge       a file over `max_file_bytes`
-The `*_text` calls are the agent's (coderunner's forms) and return "Error: ..." instead.
+The agent's texts (coderunner's forms, "Error: ..." instead of raising) are made from
+these in `corral.texts`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ SOURCES: tuple[Source, ...] = ("public", "user")
 MIB = 1024 * 1024
 MAX_FILE_NAME_BYTES = 4096
 MAX_REASON_BYTES = 4096  # of a set-aside archive's .txt note
-RULE = "=" * 80
-LIST_HINT = "Use list_skills() to see available skills."
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,42 @@ class SetAside:
 
     name: str  # the file name, ending in .zip.bad
     reason: str
+
+
+@dataclass(frozen=True)
+class SkillListing:
+    """Every skill (public first) and the user archives set aside."""
+
+    skills: tuple[SkillEntry, ...]
+    set_aside: tuple[SetAside, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "skills": [entry.to_dict() for entry in self.skills],
+            "set_aside": [{"name": item.name, "reason": item.reason} for item in self.set_aside],
+        }
+
+
+@dataclass(frozen=True)
+class SkillInfo:
+    """A skill's listing entry and its SKILL.md text."""
+
+    entry: SkillEntry
+    content: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.entry.to_dict(), "content": self.content}
+
+
+@dataclass(frozen=True)
+class SkillFile:
+    """One text file of a skill; `location` is its path in the sandbox."""
+
+    skill: str
+    source: Source
+    filename: str
+    location: str
+    content: str
 
 
 class SkillCatalog:
@@ -168,59 +203,27 @@ class SkillCatalog:
             user.append(entry)
         return public + user
 
-    def info(self, name: str) -> dict[str, Any]:
-        """The skill's listing entry and its SKILL.md text (`content`)."""
+    def listing(self) -> SkillListing:
+        """`list()`, then the archives it set aside (`set_aside_archives()`)."""
+        return SkillListing(tuple(self.list()), tuple(self.set_aside_archives()))
+
+    def info(self, name: str) -> SkillInfo:
+        """The skill's listing entry and its SKILL.md text."""
         source, path = self._find(name)
         entry = self._entry(source, path)
-        content = self._read_text(source, name, SKILL_MD)
-        return {**entry.to_dict(), "content": content}
+        return SkillInfo(entry, self._read_text(source, name, SKILL_MD))
+
+    def text_file(self, name: str, filename: str) -> SkillFile:
+        """`filename` of skill `name` as UTF-8 text, with where the sandbox sees it."""
+        source, _ = self._find(name)
+        content = self._read_text(source, name, filename)
+        location = f"{self._location(source, name)}/{filename}"
+        return SkillFile(name, source, filename, location, content)
 
     def file(self, name: str, filename: str) -> bytes:
         """The bytes of `filename` in skill `name`, at most `max_file_bytes`."""
         source, _ = self._find(name)
         return self._read(source, name, _split_filename(filename, name))
-
-    # -- the agent's text --------------------------------------------------------------------
-
-    def list_text(self) -> str:
-        """The list_skills() text; a skill with a problem says what it is, then set-asides."""
-        entries = self.list()
-        lines = ["Available Skills:", ""]
-        for source in SOURCES:
-            group = [entry for entry in entries if entry.source == source]
-            lines.append(f"{source.capitalize()} Skills ({len(group)}):")
-            lines.extend(_list_line(entry) for entry in group)
-            if not group:
-                lines.append("  (none)")
-            lines.append("")
-        bad = self.set_aside_archives()
-        if bad:
-            lines.append(f"Archives set aside in the user skills folder ({len(bad)}):")
-            lines.extend(f"  - {archive.name}: {archive.reason}" for archive in bad)
-            lines.append("")
-        lines.append("Use get_skill_info(skill_name) to read documentation for a specific skill.")
-        return "\n".join(lines)
-
-    def info_text(self, name: str) -> str:
-        """The get_skill_info() text: a header with the sandbox path, then SKILL.md."""
-        try:
-            source, _ = self._find(name)
-            content = self._read_text(source, name, SKILL_MD)
-        except CorralError as exc:
-            return _error_text(exc)
-        header = f"Skill: {name} ({source})\nLocation: {self._location(source, name)}/\n"
-        return f"{header}{RULE}\n\n{content}"
-
-    def file_text(self, name: str, filename: str) -> str:
-        """The get_skill_file() text: a header with the file's sandbox path, then the file."""
-        try:
-            source, _ = self._find(name)
-            content = self._read_text(source, name, filename)
-        except CorralError as exc:
-            return _error_text(exc)
-        location = f"{self._location(source, name)}/{filename}"
-        header = f"Skill: {name} ({source})\nFile: {filename}\nLocation: {location}\n"
-        return f"{header}{RULE}\n\n{content}"
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -341,17 +344,6 @@ def _with_problem(entry: SkillEntry, problem: str) -> SkillEntry:
     return SkillEntry(
         entry.name, entry.description, entry.source, entry.path, entry.location, problem
     )
-
-
-def _list_line(entry: SkillEntry) -> str:
-    if entry.problem:
-        return f"  - {entry.name}: (not usable: {entry.problem})"
-    return f"  - {entry.name}: {' '.join(entry.description.split())}"
-
-
-def _error_text(exc: CorralError) -> str:
-    hint = f" {LIST_HINT}" if isinstance(exc, NotFound) else ""
-    return f"Error: {exc}{hint}"
 
 
 # -- the file system -----------------------------------------------------------------------

@@ -1,0 +1,130 @@
+"""coderunner's text forms, in one place, for the MCP tools and the coderunner routes.
+
+The service returns data (`ExecutionResult`, `PageResult`, skill listings); what an agent
+reads is made here: the output or `[Execution successful with no output]`, `Error: ...`
+sentences rather than exceptions, the skill texts with the paths the sandbox sees. Each
+form is pinned by the MCP and compat tests; change one only on purpose.
+"""
+
+from __future__ import annotations
+
+from corral.browser.fetch import PageResult
+from corral.errors import CorralError, NotFound
+from corral.kernels.results import ExecutionResult
+from corral.skills.catalog import SOURCES, SkillEntry, SkillFile, SkillInfo, SkillListing
+
+NO_OUTPUT = "[Execution successful with no output]"
+RULE = "=" * 80
+LIST_HINT = "Use list_skills() to see available skills."
+_IMAGE_TYPES = ("image/png", "image/jpeg")
+
+# -- execution -----------------------------------------------------------------------------
+
+
+def result_text(result: ExecutionResult) -> str:
+    """coderunner's text for a result: the output and text results, or its no-output marker."""
+    # A figure's text/plain is only its repr ("<Figure size ...>"): the image says more.
+    texts = [
+        bundle["text/plain"]
+        for bundle in result.results
+        if "text/plain" in bundle and not any(m.startswith("image/") for m in bundle)
+    ]
+    text = result.stdout + "".join(texts)
+    return text or NO_OUTPUT
+
+
+def error_text(result: ExecutionResult) -> str | None:
+    """coderunner's 'Error: ...' text when the code failed, else None."""
+    if result.error is not None:
+        lines = result.error.traceback or [f"{result.error.ename}: {result.error.evalue}"]
+        return "Error: Execution Error:\n" + "\n".join(lines)
+    if result.status != "ok":
+        return f"Error: {result.message or result.status}"
+    return None
+
+
+def tool_text(result: ExecutionResult) -> str:
+    """The text of an execute tool's answer: the result text, or output then the error; a
+    result with only images says how many (the images follow as their own content)."""
+    failure = error_text(result)
+    if failure is not None:
+        return result.stdout + result.stderr + failure
+    text = result_text(result)
+    images = sum(1 for bundle in result.results for mime in _IMAGE_TYPES if mime in bundle)
+    if images and text == NO_OUTPUT:
+        return f"[Execution successful: {images} image(s)]"
+    return text
+
+
+def compat_output(result: ExecutionResult) -> tuple[str, str]:
+    """`POST /execute`'s stdout and stderr: the result text, or the error after stderr."""
+    failure = error_text(result)
+    if failure is None:
+        return result_text(result), result.stderr
+    return result.stdout, result.stderr + failure
+
+
+def failure_text(exc: CorralError) -> str:
+    """A call corral refused or could not run, as coderunner says it."""
+    return f"Error: {exc}"
+
+
+# -- the browser ---------------------------------------------------------------------------
+
+
+def page_text(page: PageResult) -> str:
+    """The page's text with corral's notes (cut text, refused connections) after it."""
+    notes = "".join(f"\n[corral] {note}" for note in page.notes())
+    return page.text + notes
+
+
+def fetch_failure_text(exc: CorralError) -> str:
+    return f"Error: Failed to retrieve all visible text: {exc}"
+
+
+# -- skills --------------------------------------------------------------------------------
+
+
+def skills_text(listing: SkillListing) -> str:
+    """The list_skills() text; a skill with a problem says what it is, then set-asides."""
+    lines = ["Available Skills:", ""]
+    for source in SOURCES:
+        group = [entry for entry in listing.skills if entry.source == source]
+        lines.append(f"{source.capitalize()} Skills ({len(group)}):")
+        lines.extend(_list_line(entry) for entry in group)
+        if not group:
+            lines.append("  (none)")
+        lines.append("")
+    if listing.set_aside:
+        lines.append(f"Archives set aside in the user skills folder ({len(listing.set_aside)}):")
+        lines.extend(f"  - {archive.name}: {archive.reason}" for archive in listing.set_aside)
+        lines.append("")
+    lines.append("Use get_skill_info(skill_name) to read documentation for a specific skill.")
+    return "\n".join(lines)
+
+
+def skill_info_text(info: SkillInfo) -> str:
+    """The get_skill_info() text: a header with the sandbox path, then SKILL.md."""
+    entry = info.entry
+    header = f"Skill: {entry.name} ({entry.source})\nLocation: {entry.location}/\n"
+    return f"{header}{RULE}\n\n{info.content}"
+
+
+def skill_file_text(file: SkillFile) -> str:
+    """The get_skill_file() text: a header with the file's sandbox path, then the file."""
+    header = (
+        f"Skill: {file.skill} ({file.source})\nFile: {file.filename}\nLocation: {file.location}\n"
+    )
+    return f"{header}{RULE}\n\n{file.content}"
+
+
+def skill_error_text(exc: CorralError) -> str:
+    """A skill call that failed; a missing skill points at list_skills()."""
+    hint = f" {LIST_HINT}" if isinstance(exc, NotFound) else ""
+    return f"Error: {exc}{hint}"
+
+
+def _list_line(entry: SkillEntry) -> str:
+    if entry.problem:
+        return f"  - {entry.name}: (not usable: {entry.problem})"
+    return f"  - {entry.name}: {' '.join(entry.description.split())}"
