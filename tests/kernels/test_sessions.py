@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -149,3 +150,23 @@ def test_session_directories_are_private(settings: Settings, tmp_path: Path) -> 
     run_dir = make_run_dir(settings.run_root)
     assert run_dir.stat().st_mode & 0o777 == 0o700
     assert len(str(run_dir / "k-65535")) < 100
+
+
+async def test_a_cancel_while_the_kernel_starts_means_the_code_never_runs(
+    service: Service,
+) -> None:
+    # Nothing was sent while the kernel is still starting, so a cancel must drop the call
+    # rather than look for a kernel to interrupt and find none.
+    await service.create_session("cold")
+    await service.stop_session("cold")
+    execution = service.start_execution("open('ran', 'w').close()", session_id="cold")
+    session = service.sessions.session_for("cold")
+    deadline = time.monotonic() + 30
+    while not session.starting:
+        assert time.monotonic() < deadline, "the kernel never began to start"
+        await asyncio.sleep(0.005)
+    await execution.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await execution.result()
+    check = await service.execute("import os; os.path.exists('ran')", session_id="cold")
+    assert check.results == [{"text/plain": "False"}]

@@ -241,16 +241,18 @@ class SessionManager:
     async def cancel(self, task: asyncio.Future[Any]) -> None:
         """Stop an `execute` call whose caller went away.
 
-        Still queued: nothing was sent, so the call is cancelled. Running: the kernel is
-        interrupted and the call ends with its result as usual.
+        Still queued, or its kernel still starting: nothing was sent, so the call is
+        cancelled. Running: the kernel is interrupted and the call ends with its result as
+        usual.
         """
         for session in self.sessions.values():
             call = session.current_call
             if call is not None and call[0] is task:
                 kernel = session.kernels.get(call[1])
-                if kernel is not None:
+                if kernel is not None and not session.starting:
                     await kernel.interrupt()
-                return
+                    return
+                break
         task.cancel()
 
     def limits_for(
