@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from corral.errors import StateOwned
+from corral.errors import SandboxError, StateOwned
 
 LOCK_NAME = "owner.lock"
 RUNTIME_NAME = "server.json"
@@ -67,7 +67,8 @@ class StateLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock or raise `StateOwned` naming the process that holds it."""
+        """Take the lock or raise `StateOwned` naming the process that holds it (`SandboxError`
+    when the lock file is a link or not a regular file)."""
         if self._fd is not None:
             return
         fd = _open_lock(self.state_dir)
@@ -149,14 +150,15 @@ def _open_lock(state_dir: Path, *, create: bool = True) -> int:
     flags = os.O_RDWR | _OPEN_FLAGS | (os.O_CREAT if create else 0)
     try:
         fd = os.open(state_dir / LOCK_NAME, flags, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise PermissionError(f"{state_dir / LOCK_NAME} is a link; refusing it") from exc
+    except FileNotFoundError:
         raise
+    except OSError as exc:
+        what = "is a link" if exc.errno == errno.ELOOP else f"cannot be opened: {exc.strerror}"
+        raise SandboxError(f"{state_dir / LOCK_NAME} {what}; corral refuses it") from exc
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise PermissionError(f"{state_dir / LOCK_NAME} is not a regular file")
+        raise SandboxError(f"{state_dir / LOCK_NAME} is not a regular file; corral refuses it")
     if info.st_mode & 0o077:
         os.fchmod(fd, 0o600)
     return fd

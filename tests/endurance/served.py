@@ -58,7 +58,8 @@ class Served:
         return env
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start the server (same state, same port) and wait until /health answers 200."""
+        """Start the server (same state, same port) and wait until /health answers healthy
+        (`_healthy`)."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the server is already running")
         self.starts += 1
@@ -79,7 +80,7 @@ class Served:
             if self.process is None or self.process.poll() is not None:
                 break
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if _healthy(httpx.get(f"{self.url}/health", timeout=2)):
                     return
             time.sleep(0.1)
         raise AssertionError(f"corral serve did not become healthy; its log:\n{self.log()}")
@@ -91,6 +92,20 @@ class Served:
     def client(self, role: str = "agent", timeout_s: float = 60.0) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token(role)}"}
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def corral(
+        self, *args: str, timeout_s: float = 120.0, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`corral ARGS...` run as the operator runs it beside this server (its folders, or
+        `env` instead)."""
+        return subprocess.run(
+            [sys.executable, "-m", "corral", *args],
+            env={**(self.env if env is None else env), "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
 
     def terminate(self, timeout_s: float = 60.0) -> float:
         """SIGTERM the server and wait for it to exit; returns the seconds it took.
@@ -186,6 +201,15 @@ def served(
     finally:
         server.kill_everything()
         shutil.rmtree(run_root, ignore_errors=True)
+
+
+def _healthy(response: httpx.Response) -> bool:
+    """200, or 503 only because no Chromium is installed: the browser is optional, and the
+    tests using this helper do not fetch pages."""
+    if response.status_code == 200:
+        return True
+    checks = response.json().get("checks", {}) if response.status_code == 503 else {}
+    return set(checks) == {"browser"}
 
 
 def alive(proc: psutil.Process) -> bool:
