@@ -68,7 +68,7 @@ class StateLock:
 
     def acquire(self) -> None:
         """Take the lock or raise `StateOwned` naming the process that holds it (`SandboxError`
-    when the lock file is a link or not a regular file)."""
+        when the lock file is a link or not a regular file)."""
         if self._fd is not None:
             return
         fd = _open_lock(self.state_dir)
