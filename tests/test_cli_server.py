@@ -12,6 +12,7 @@ import os
 import stat
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -218,3 +219,37 @@ def test_a_killed_servers_runtime_file_is_not_trusted(server: Served) -> None:
     assert not (server.state_dir / RUNTIME_NAME).exists()
     server.start()  # the state is free again
     assert json.loads((server.state_dir / RUNTIME_NAME).read_text())["pid"] == server.pid
+
+
+def test_run_delete_and_skills_add_go_through_the_running_server(
+    server: Served, tmp_path: Path
+) -> None:
+    ran = server.corral("run", "print(6*7)")
+    assert (ran.returncode, ran.stdout) == (0, "42\n"), ran.stderr
+    audit = json.loads(server.corral("audit", "--kind", "execution", "--json").stdout)
+    assert audit["entries"][0]["code"] == "print(6*7)"  # run by the server, in its state
+    with server.client() as http:
+        assert http.get("/v1/sessions").json()["sessions"] == []  # its session is gone
+
+    create(server, "made")
+    deleted = server.corral("sessions", "delete", "--yes", "made")
+    assert deleted.returncode == 0, deleted.stderr
+    with server.client() as http:
+        assert http.get("/v1/sessions/made").status_code == 404
+
+    # Elsewhere, with only the URL and the admin token: the server unpacks the archive.
+    archive = tmp_path / "mine.zip"
+    with zipfile.ZipFile(archive, "w") as packed:
+        packed.writestr("mine/SKILL.md", "---\nname: mine\ndescription: A test skill.\n---\n")
+    elsewhere = {k: v for k, v in server.env.items() if not k.startswith("CORRAL_")}
+    elsewhere.update(
+        CORRAL_URL=server.url,
+        CORRAL_ADMIN_TOKEN=server.token("admin"),
+        CORRAL_CONFIG_DIR=str(tmp_path / "other-config"),
+        CORRAL_STATE_DIR=str(tmp_path / "other-state"),
+    )
+    added = server.corral("skills", "add", str(archive), env=elsewhere)
+    assert added.returncode == 0, added.stderr
+    assert (server.config_dir / "skills" / "mine" / "SKILL.md").is_file()
+    with server.client() as http:
+        assert "mine" in [skill["name"] for skill in http.get("/v1/skills").json()["skills"]]
