@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 import zipfile
@@ -173,6 +174,39 @@ async def test_mcp_stdio_beside_a_server_sees_its_sessions_and_variables(
     assert "shared" in str(listed.content)
     assert owner is not None and owner.pid == server.pid
     assert not strays, strays
+    assert relay_answers_and_ends_with_stdin(server) == 0
+
+
+def relay_answers_and_ends_with_stdin(server: Served) -> int:
+    """`corral mcp-stdio` answers one initialize, then exits once its stdin closes."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "corral-tests", "version": "0"},
+        },
+    }
+    with subprocess.Popen(
+        [sys.executable, "-m", "corral", "mcp-stdio"],
+        env=server.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as relay:
+        assert relay.stdin is not None and relay.stdout is not None
+        try:
+            relay.stdin.write(json.dumps(initialize) + "\n")
+            relay.stdin.flush()
+            answer = json.loads(relay.stdout.readline())
+            assert answer["result"]["serverInfo"]["name"] == "corral", answer
+            relay.stdin.close()
+            return relay.wait(60)
+        finally:
+            if relay.poll() is None:
+                relay.kill()
 
 
 def test_operator_commands_reach_the_server_on_its_own_port(server: Served) -> None:

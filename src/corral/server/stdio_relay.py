@@ -31,6 +31,7 @@ async def relay_stdio(mcp_url: str, token: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         stdio_server() as (from_client, to_client),
+        to_client,  # closed at the end, so the stdio server's writer ends and we exit
         create_mcp_http_client(headers=headers) as http,
         streamable_http_client(mcp_url, http_client=http) as (from_server, to_server),
         anyio.create_task_group() as pumps,
