@@ -32,7 +32,7 @@ from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks
 from corral.errors import CorralError, InvalidInput, StateOwned
-from corral.kernels.results import ExecutionError, ExecutionResult
+from corral.kernels.results import ExecutionResult
 from corral.mounts import configured_mounts
 from corral.owner import find_server
 from corral.protect import validate_protected_names
@@ -117,7 +117,7 @@ def run(
     source = path.read_text() if path is not None else str(code)
     remote = _running_server()
     if remote is not None:
-        result = _guarded(lambda: _run_remotely(remote, source, language, timeout_s))
+        result = _guarded(lambda: remote.run_once(source, language, timeout_s))
     else:
         with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
             settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
@@ -138,8 +138,7 @@ def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: b
     """Load URL in a sandboxed browser (browsing policy applies) and print its visible text."""
     remote = _running_server()
     if remote is not None:
-        body = {"url": url, "screenshot": screenshot is not None, "timeout_s": timeout_s}
-        page = _guarded(lambda: _page_from(remote.call("POST", "/v1/browser/fetch", body)))
+        page = _guarded(lambda: remote.fetch_page(url, screenshot is not None, timeout_s))
     else:
         with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
             settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
@@ -168,32 +167,6 @@ async def _run_once(
     async with Service(settings) as service:
         await service.create_session("run")
         return await service.execute(code, session_id="run", language=language, timeout_s=timeout_s)
-
-
-def _run_remotely(
-    remote: Remote, code: str, language: str, timeout_s: float | None
-) -> ExecutionResult:
-    """`corral run` beside a server: a throw-away session there, deleted afterwards."""
-    session = remote.call("POST", "/v1/sessions", {})["id"]
-    try:
-        body = {"code": code, "language": language, "timeout_s": timeout_s}
-        answer = remote.call("POST", f"/v1/sessions/{session}/execute", body, timeout_s=None)
-    finally:
-        remote.call("DELETE", f"/v1/sessions/{session}")
-    return _result_from(answer)
-
-
-def _result_from(data: dict[str, Any]) -> ExecutionResult:
-    known = {name: data[name] for name in ExecutionResult.__dataclass_fields__ if name in data}
-    error = known.pop("error", None)
-    return ExecutionResult(**known, error=ExecutionError(**error) if error else None)
-
-
-def _page_from(data: dict[str, Any]) -> PageResult:
-    known = {name: data[name] for name in PageResult.__dataclass_fields__ if name in data}
-    png = data.get("screenshot_png_base64")
-    known["screenshot_png"] = base64.b64decode(png) if png else None
-    return PageResult(**known)
 
 
 def _print_result(result: ExecutionResult) -> None:

@@ -4,18 +4,22 @@ Commands that read or change sessions never open a second service on the state (
 reset what the server holds, `corral.owner`); they call the server's HTTP API with a token.
 `connect` finds the server (`--url` overrides discovery); `Remote.call` makes one request
 and turns a refusal or an unreachable server into a `corral.errors` class with the server's
-own message.
+own message. `run_once` and `fetch_page` decode the server's JSON into the same typed
+results the service returns.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from corral.browser.fetch import PageResult
 from corral.config import Settings
 from corral.errors import ServerRefused, ServerUnavailable
+from corral.kernels.results import ExecutionError, ExecutionResult
 from corral.owner import find_server
 from corral.tokens import Role, TokenError, load_tokens
 
@@ -67,6 +71,21 @@ class Remote:
             raise ServerRefused(response.status_code, _message_of(response))
         return response.json() if response.content else None
 
+    def run_once(self, code: str, language: str, timeout_s: float | None) -> ExecutionResult:
+        """`corral run` beside a server: a throw-away session there, deleted afterwards."""
+        session = self.call("POST", "/v1/sessions", {})["id"]
+        try:
+            body = {"code": code, "language": language, "timeout_s": timeout_s}
+            answer = self.call("POST", f"/v1/sessions/{session}/execute", body, timeout_s=None)
+        finally:
+            self.call("DELETE", f"/v1/sessions/{session}")
+        return _result_from(answer)
+
+    def fetch_page(self, url: str, screenshot: bool, timeout_s: float | None) -> PageResult:
+        """`corral fetch` beside a server: its browser, under its browsing policy."""
+        body = {"url": url, "screenshot": screenshot, "timeout_s": timeout_s}
+        return _page_from(self.call("POST", "/v1/browser/fetch", body, timeout_s=None))
+
 
 def connect(settings: Settings, url: str | None = None, *, role: Role = Role.ADMIN) -> Remote:
     """The server to call: `url` when given, else the one owning the state directory.
@@ -103,6 +122,19 @@ def _token(settings: Settings, role: Role) -> str:
     except TokenError as exc:
         raise ServerUnavailable(f"no usable {role.value} token: {exc}") from exc
     return tokens.admin if role is Role.ADMIN else tokens.agent
+
+
+def _result_from(data: dict[str, Any]) -> ExecutionResult:
+    known = {name: data[name] for name in ExecutionResult.__dataclass_fields__ if name in data}
+    error = known.pop("error", None)
+    return ExecutionResult(**known, error=ExecutionError(**error) if error else None)
+
+
+def _page_from(data: dict[str, Any]) -> PageResult:
+    known = {name: data[name] for name in PageResult.__dataclass_fields__ if name in data}
+    png = data.get("screenshot_png_base64")
+    known["screenshot_png"] = base64.b64decode(png) if png else None
+    return PageResult(**known)
 
 
 def _message_of(response: httpx.Response) -> str:
