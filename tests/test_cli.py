@@ -101,7 +101,7 @@ def test_bad_setting_is_a_usage_error(cli) -> None:  # type: ignore[no-untyped-d
     assert "CORRAL_MAX_SESSIONS" in done.stderr
 
 
-def test_sessions_list_and_delete(  # type: ignore[no-untyped-def]
+def test_sessions_without_a_server_list_and_delete_from_the_state(  # type: ignore[no-untyped-def]
     cli, tmp_path: Path, run_root: Path
 ) -> None:
     import asyncio
@@ -121,9 +121,12 @@ def test_sessions_list_and_delete(  # type: ignore[no-untyped-def]
     listed = cli("sessions", "list", "--json")
     assert [r["id"] for r in json.loads(listed.stdout)] == ["listed"]
     assert json.loads(listed.stdout)[0]["state"] == "stopped"
-    unknown = cli("sessions", "stop", "nope")
-    assert unknown.returncode == 5
-    assert "no session named 'nope'" in unknown.stderr
+    # Nothing runs without a server, so there is nothing to stop: one line says why.
+    unknown = cli("sessions", "stop", "listed")
+    assert unknown.returncode == 1
+    assert unknown.stderr.count("\n") == 1 and "no corral server is running" in unknown.stderr
     deleted = cli("sessions", "delete", "--yes", "listed")
     assert deleted.returncode == 0, deleted.stderr
     assert json.loads(cli("sessions", "list", "--json").stdout) == []
+    missing = cli("sessions", "delete", "--yes", "nope")
+    assert missing.returncode == 5 and "no session named 'nope'" in missing.stderr

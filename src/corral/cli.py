@@ -1,7 +1,10 @@
 """The `corral` command line: doctor, run, sessions and serve.
 
-A thin caller of `Service`: it parses arguments, calls, and prints; corral errors become a
-message on stderr and a non-zero exit code.
+A thin caller: it parses arguments, calls, and prints; corral errors become a message on
+stderr and a non-zero exit code. Only one process owns a state directory (`corral.owner`):
+commands that read or change sessions go through the running server's HTTP API
+(`corral.remote`; `corral --url URL` names one), and open a `Service` of their own only when
+no server runs, which then holds the state's lock itself.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import ipaddress
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlencode
 
 import click
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -27,9 +31,11 @@ from corral.browser.fetch import PageResult
 from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks
-from corral.errors import CorralError, InvalidInput
+from corral.errors import CorralError, InvalidInput, StateOwned
 from corral.kernels.results import ExecutionResult
+from corral.owner import find_server
 from corral.protect import validate_protected_names
+from corral.remote import Remote, connect, discover
 from corral.sandbox.limits import format_size
 from corral.service import Service
 from corral.skills import PUBLIC_DIR, user_dir
@@ -39,6 +45,10 @@ from corral.store import Store
 from corral.texts import skills_text
 from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
 
+if TYPE_CHECKING:
+    import socket
+
+T = TypeVar("T")
 EXIT_FOR_STATUS = {"ok": 0, "error": 1, "timeout": 3, "interrupted": 4, "died": 4}
 EXIT_CORRAL_ERROR = 5
 
@@ -49,8 +59,17 @@ err = Console(stderr=True, soft_wrap=True)
 
 @click.group()
 @click.version_option(__version__, prog_name="corral")
-def main() -> None:
+@click.option(
+    "--url",
+    envvar="CORRAL_URL",
+    default=None,
+    metavar="URL",
+    help="The corral server to call (default: the one running on the state directory).",
+)
+@click.pass_context
+def main(ctx: click.Context, url: str | None) -> None:
     """corral: a local sandbox where AI agents run code."""
+    ctx.obj = url
 
 
 @main.command()
@@ -96,9 +115,13 @@ def run(
     if (code is None) == (path is None):
         raise click.UsageError("give either CODE or --file, not both or neither")
     source = path.read_text() if path is not None else str(code)
-    with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
-        settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
-        result = _call(_run_once(settings, source, language, timeout_s))
+    remote = _running_server()
+    if remote is not None:
+        result = _guarded(lambda: remote.run_once(source, language, timeout_s))
+    else:
+        with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
+            settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
+            result = _call(_run_once(settings, source, language, timeout_s))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -113,9 +136,13 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print the whole page result as JSON.")
 def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: bool) -> None:
     """Load URL in a sandboxed browser (browsing policy applies) and print its visible text."""
-    with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
-        settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
-        page = _call(_fetch_once(settings, url, screenshot is not None, timeout_s))
+    remote = _running_server()
+    if remote is not None:
+        page = _guarded(lambda: remote.fetch_page(url, screenshot is not None, timeout_s))
+    else:
+        with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
+            settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
+            page = _call(_fetch_once(settings, url, screenshot is not None, timeout_s))
     if screenshot is not None and page.screenshot_png is not None:
         screenshot.write_bytes(page.screenshot_png)
     if as_json:
@@ -174,33 +201,45 @@ def sessions() -> None:
 @sessions.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def sessions_list(as_json: bool) -> None:
-    """List the sessions stored under the state directory."""
-    records = _store().all()
+    """List the sessions: the running server's, else those stored under the state directory
+    (read without opening a service)."""
+    remote = _running_server()
+    if remote is not None:
+        rows = _guarded(lambda: remote.call("GET", "/v1/sessions"))["sessions"]
+        where = remote.url
+    else:
+        rows = [record.__dict__ for record in _store().all()]
+        where = str(_settings().state_dir)
     if as_json:
-        click.echo(json.dumps([record.__dict__ for record in records], indent=2))
+        click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"sessions in {_settings().state_dir}")
+    table = Table(title=f"sessions in {where}")
     for column in ("id", "state", "created", "last used"):
         table.add_column(column)
-    for record in records:
-        table.add_row(record.id, record.state, _when(record.created_at), _when(record.last_used_at))
+    for row in rows:
+        table.add_row(row["id"], row["state"], _when(row["created_at"]), _when(row["last_used_at"]))
     out.print(table)
 
 
 @sessions.command("stop")
 @click.argument("session_id")
 def sessions_stop(session_id: str) -> None:
-    """Stop a session's kernels; its workspace and packages stay."""
-    info = _call(_with_service(lambda service: service.stop_session(session_id)))
-    click.echo(f"{info.id}: {info.state}")
+    """Stop a session's kernels on the running server; its workspace and packages stay."""
+    info = _admin("POST", f"/v1/admin/sessions/{session_id}/stop")
+    click.echo(f"{info['id']}: {info['state']}")
 
 
 @sessions.command("delete")
 @click.argument("session_id")
 @click.confirmation_option(prompt="Delete the session's workspace and packages?")
 def sessions_delete(session_id: str) -> None:
-    """Stop a session and delete its workspace, packages and record."""
-    _call(_with_service(lambda service: service.delete_session(session_id)))
+    """Stop a session and delete its workspace, packages and record (on the running server,
+    else on the state directory, holding its lock)."""
+    remote = _running_server()
+    if remote is not None:
+        _guarded(lambda: remote.call("DELETE", f"/v1/admin/sessions/{session_id}"))
+    else:
+        _call(_with_service(lambda service: service.delete_session(session_id, actor="admin")))
     click.echo(f"{session_id}: deleted")
 
 
@@ -242,7 +281,11 @@ def serve(
     allow_home_mount: bool,
     protect: tuple[str, ...],
 ) -> None:
-    """Run the server: MCP at /mcp and the REST API, on 127.0.0.1:8222 by default."""
+    """Run the server: MCP at /mcp and the REST API, on 127.0.0.1:8222 by default.
+
+    It owns the state directory while it runs: a second server on the same state, or a
+    port in use, is refused before anything is printed.
+    """
     from corral.server.app import serve as run_server
 
     settings = _settings()
@@ -270,6 +313,7 @@ def serve(
             f"[bold red]warning:[/bold red] corral listens on {settings.host}: anyone "
             "who can reach it and holds a token can run code here"
         )
+    sock = _claim_serving(settings)
     tokens, problem = _tokens_or_problem(settings)
     url = f"http://{_url_host(settings.host)}:{settings.port}/mcp"
     err.print(f"corral {__version__}: MCP at {url}, REST at {url[:-4]}/v1")
@@ -279,7 +323,23 @@ def serve(
         f"(kept in {token_path(settings.config_dir, Role.AGENT)}; "
         "'corral mcp-config CLIENT' prints a ready client snippet)"
     )
-    run_server(settings, Service(settings), tokens, problem)
+    if not run_server(settings, Service(settings), tokens, problem, sock=sock):
+        sys.exit(EXIT_CORRAL_ERROR)
+
+
+def _claim_serving(settings: Settings) -> socket.socket:
+    """Refuse, in one line and before any banner, a state another process owns or a port
+    in use; else the bound socket. (The service takes the state's lock itself when it opens,
+    so two servers racing past this check still cannot both own the state.)"""
+    from corral.server.app import bind_socket
+
+    try:
+        running = find_server(settings.state_dir)
+        if running is not None:
+            raise StateOwned(settings.state_dir, running.pid, running)
+        return bind_socket(settings.host, settings.port)
+    except (CorralError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _joined(configured: str, given: tuple[str, ...]) -> str:
@@ -288,8 +348,19 @@ def _joined(configured: str, given: tuple[str, ...]) -> str:
 
 @main.command("mcp-stdio")
 def mcp_stdio() -> None:
-    """Serve the MCP tools over standard input and output (for clients that only speak stdio)."""
+    """Serve the MCP tools over standard input and output (for clients that only speak stdio).
+
+    Beside a running server this relays to its /mcp (one set of sessions for every client);
+    otherwise it runs its own service, which holds the state directory while it runs.
+    """
     import anyio
+
+    remote = _running_server(Role.AGENT)
+    if remote is not None:
+        from corral.server.stdio_relay import relay_stdio
+
+        anyio.run(relay_stdio, remote.mcp_url, remote.token)
+        return
 
     from corral.server.mcp import build_mcp
 
@@ -297,19 +368,29 @@ def mcp_stdio() -> None:
         async with Service(_settings()) as service:
             await build_mcp(service).run_stdio_async()
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    except StateOwned as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command("mcp-config")
 @click.argument("client", type=click.Choice(sorted(RENDERERS)))
 def mcp_config(client: str) -> None:
-    """Print a ready configuration snippet for CLIENT, with the agent token filled in."""
+    """Print a ready configuration snippet for CLIENT, with the agent token filled in.
+
+    The URL is the running server's (the configured address when none runs).
+    """
     settings = _settings()
     tokens, problem = _tokens_or_problem(settings)
     if tokens is None:
         raise click.ClickException(f"no usable token: {problem}")
-    url = f"http://{_url_host(settings.host)}:{settings.port}/mcp"
-    click.echo(client_config(client, url, tokens.agent), nl=False)
+    try:
+        base = discover(settings, _given_url())
+    except StateOwned:
+        base = None  # owned by a service with no HTTP API: the configured address it is
+    base = base or f"http://{_url_host(settings.host)}:{settings.port}"
+    click.echo(client_config(client, f"{base}/mcp", tokens.agent), nl=False)
 
 
 @main.command()
@@ -327,32 +408,47 @@ def audit(
     before_id: int | None,
     as_json: bool,
 ) -> None:
-    """List the audit log, newest first."""
-    log = AuditLog(_settings().db_path)
-    try:
-        page = log.query(
-            kind="network" if net else kind, session=session_id, limit=limit, before_id=before_id
-        )
-    except CorralError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        log.close()
+    """List the audit log, newest first (the running server's, else read from the state)."""
+    query = {"kind": "network" if net else kind, "session": session_id, "before_id": before_id}
+    query = {name: value for name, value in query.items() if value is not None}
+    remote = _running_server()
+    if remote is not None:
+        params = urlencode({**query, "limit": limit})
+        page = _guarded(lambda: remote.call("GET", f"/v1/admin/audit?{params}"))
+    else:
+        page = _read_audit(limit=limit, **query)
     if as_json:
-        click.echo(json.dumps(page.to_dict(), indent=2))
+        click.echo(json.dumps(page, indent=2))
         return
     table = Table(title="audit log")
     for column in ("id", "when", "kind", "session", "actor", "what"):
         table.add_column(column)
-    for entry in page.entries:
-        what = entry.action or ""
-        if entry.status:
-            what += f" {entry.status} {entry.duration_s or 0:.3f}s"
+    for entry in page["entries"]:
+        what = entry["action"] or ""
+        if entry["status"]:
+            what += f" {entry['status']} {entry['duration_s'] or 0:.3f}s"
         table.add_row(
-            str(entry.id), _when(entry.at), entry.kind, entry.session or "", entry.actor, what
+            str(entry["id"]),
+            _when(entry["at"]),
+            entry["kind"],
+            entry["session"] or "",
+            entry["actor"],
+            what,
         )
     out.print(table)
-    if page.next_before_id is not None:
-        out.print(f"more: corral audit --before-id {page.next_before_id}")
+    if page["next_before_id"] is not None:
+        out.print(f"more: corral audit --before-id {page['next_before_id']}")
+
+
+def _read_audit(**query: Any) -> dict[str, Any]:
+    """The audit page straight from the database (no server runs)."""
+    log = AuditLog(_settings().db_path)
+    try:
+        return log.query(**query).to_dict()
+    except CorralError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        log.close()
 
 
 @main.group()
@@ -433,9 +529,16 @@ def skills_list() -> None:
 @skills.command("add")
 @click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def skills_add(archive: Path) -> None:
-    """Unpack a skill .zip into your folder, with the size, count and path checks."""
+    """Unpack a skill .zip into your folder, with the size, count and path checks (done by
+    the running server when one runs, else here)."""
     if not archive.name.endswith(".zip"):
         raise click.UsageError("a skill archive is a .zip file")
+    remote = _running_server()
+    if remote is not None:
+        path = f"/v1/admin/skills?{urlencode({'name': archive.name})}"
+        added = _guarded(lambda: remote.call("POST", path, content=archive.read_bytes()))
+        click.echo(f"added skill {added['name']} ({added['path']})")
+        return
     folder = user_dir(_settings().config_dir)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
@@ -558,25 +661,37 @@ def net_reject(request_id: int) -> None:
 
 
 def _admin(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """Call the running server's admin API; a clear error when it is not running."""
+    """Call the running server's API with the admin token; one line and exit 1 when no
+    server runs or it refuses."""
+    return _guarded(lambda: connect(_settings(), _given_url()).call(method, path, body))
+
+
+def _running_server(role: Role = Role.ADMIN) -> Remote | None:
+    """The running server (or the one `--url` names) to call with `role`'s token, or None
+    when no process owns the state, or the owner serves no API (commands then work on the
+    state themselves; a service refuses it while it is owned)."""
     settings = _settings()
-    tokens, problem = _tokens_or_problem(settings)
-    if tokens is None:
-        raise click.ClickException(f"no usable admin token: {problem}")
-    url = f"http://{_url_host(settings.host)}:{settings.port}{path}"
     try:
-        response = httpx.request(
-            method, url, json=body, timeout=30, headers={"Authorization": f"Bearer {tokens.admin}"}
-        )
-    except httpx.TransportError as exc:
-        raise click.ClickException(
-            f"the corral server at {url.split('/v1')[0]} is not reachable ({exc}); "
-            "start it with 'corral serve'"
-        ) from exc
-    if response.status_code >= 400:
-        message = response.json().get("error", {}).get("message", response.text)
-        raise click.ClickException(message)
-    return response.json()
+        if discover(settings, _given_url()) is None:
+            return None
+    except StateOwned:
+        return None
+    return _guarded(lambda: connect(settings, _given_url(), role=role))
+
+
+def _guarded(call: Callable[[], T]) -> T:
+    """`call()`, with a corral error as one line on stderr and exit 1."""
+    try:
+        return call()
+    except CorralError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _given_url() -> str | None:
+    """The server named by `corral --url` (or CORRAL_URL)."""
+    context = click.get_current_context(silent=True)
+    url = context.find_root().obj if context is not None else None
+    return url if isinstance(url, str) else None
 
 
 def _print_policy(policy: dict[str, Any]) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from corral.errors import InvalidInput
 
@@ -19,16 +22,33 @@ def _claude_code(url: str, token: str) -> str:
     return f"claude mcp add --transport http corral {url} --header {header}\n"
 
 
+def stdio_command() -> list[str]:
+    """An absolute command line that starts `corral mcp-stdio` from any directory and with
+    another PATH (Claude Desktop starts it itself): this `corral` executable, the one beside
+    this interpreter, the one on PATH, else this interpreter with `-m corral`."""
+    candidates = [Path(sys.argv[0]), Path(sys.executable).parent / "corral"]
+    found = shutil.which("corral")
+    candidates += [Path(found)] if found else []
+    for candidate in candidates:
+        if candidate.name == "corral" and candidate.is_file() and os.access(candidate, os.X_OK):
+            return [str(candidate.absolute()), "mcp-stdio"]
+    return [str(Path(sys.executable).absolute()), "-m", "corral", "mcp-stdio"]
+
+
+def _stdio_env() -> dict[str, str]:
+    """The corral folders this shell chose, so the stdio process finds the same server."""
+    names = ("CORRAL_STATE_DIR", "CORRAL_CONFIG_DIR", "CORRAL_RUN_ROOT", "CORRAL_URL")
+    return {name: os.environ[name] for name in names if os.environ.get(name)}
+
+
 def _claude_desktop(url: str, token: str) -> str:
-    # Claude Desktop's config file starts local servers over stdio.
-    config = {
-        "mcpServers": {
-            "corral": {
-                "command": sys.argv[0] if sys.argv[0].endswith("corral") else "corral",
-                "args": ["mcp-stdio"],
-            }
-        }
-    }
+    # Claude Desktop's config file starts local servers over stdio; beside a running server
+    # `corral mcp-stdio` relays to it (`url`), else it runs its own service.
+    command, *args = stdio_command()
+    entry: dict[str, object] = {"command": command, "args": args}
+    if env := _stdio_env():
+        entry["env"] = env
+    config = {"mcpServers": {"corral": entry}}
     return (
         "# claude_desktop_config.json (stdio: Desktop starts corral itself)\n"
         + json.dumps(config, indent=2)

@@ -12,11 +12,14 @@
     ├── Conflict                the request contradicts current state
     │   ├── SessionExists
     │   ├── LimitRefused        (sandbox.boxes) the kernel refused a new limit
-    │   └── MountBusy           (kernels.projects) a folder is in use read-write
+    │   ├── MountBusy           (kernels.projects) a folder is in use read-write
+    │   ├── StateOwned          (owner) another process owns the state directory
+    │   └── AddressInUse        the server's port is already taken
     ├── CapacityExceeded        a configured maximum was reached
     │   ├── TooManySessions
     │   ├── StorageFull         no space left for a workspace file (507)
     │   └── TooLarge            an upload, file or request body past its cap
+    ├── ServerRefused           (CLI) the running server refused a call; its message
     ├── FetchFailed             a browser fetch reached no page (refused, unreachable, failed)
     │   └── FetchTimedOut       ... or ran past its time limit
     └── SandboxError            corral itself could not do its job (never the user's code)
@@ -25,7 +28,8 @@
         ├── StateUnavailable    the state database stayed locked or its disk is full (503)
         ├── AdmissionFailed     (sandbox.launch) a sandbox could not be put under its limits
         ├── KernelStartFailed   a kernel did not come up inside its sandbox
-        └── KernelUnreachable   a running kernel stopped answering before the code was sent
+        ├── KernelUnreachable   a running kernel stopped answering before the code was sent
+        └── ServerUnavailable   (CLI) no corral server runs, or the one named does not answer
 
 Failures of the user's code (exceptions, timeouts, a kernel that dies while running it) are
 not errors: they are results (`corral.kernels.results.ExecutionResult`). The REST, MCP and CLI
@@ -34,6 +38,12 @@ leaks past the service.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.owner import ServerInfo
 
 
 class CorralError(Exception):
@@ -107,6 +117,39 @@ class KernelStartFailed(SandboxError):
 
 class KernelUnreachable(SandboxError):
     """A kernel stopped answering before the code was sent to it."""
+
+
+class StateOwned(Conflict):
+    """Another process holds the state directory's lock (`corral.owner`)."""
+
+    def __init__(self, state_dir: Path, pid: int | None, server: ServerInfo | None) -> None:
+        who = f"corral pid {pid}" if pid is not None else "another corral process"
+        where = f"serving {server.url}" if server is not None else "serving no HTTP API"
+        super().__init__(f"the state in {state_dir} is owned by {who}, {where}")
+        self.state_dir = state_dir
+        self.pid = pid
+        self.server = server
+
+
+class AddressInUse(Conflict):
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"{host}:{port} is already in use; stop what listens there or pass --port N"
+        )
+        self.host = host
+        self.port = port
+
+
+class ServerUnavailable(SandboxError):
+    """The CLI found no running server for the state (or the one named does not answer)."""
+
+
+class ServerRefused(CorralError):
+    """The running server answered a CLI call with an error; the message is the server's."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PathRefused(InvalidInput):

@@ -35,6 +35,7 @@ from corral.kernels.sessions import (
     SessionManager,
     validate_language,
 )
+from corral.owner import StateLock
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
 from corral.store import NetRequest
@@ -48,6 +49,8 @@ class Service:
 
     def __init__(self, settings: Settings, *, resolver: Resolver | None = None) -> None:
         self.settings = settings
+        # Never two services on one state: opening resets what the owner holds there.
+        self.owner = StateLock(settings.state_dir)
         self.sessions = SessionManager(settings)
         self.audit = AuditLog(settings.db_path)
         # One thread writes the audit log, in the order records are made: a slow or locked
@@ -66,8 +69,13 @@ class Service:
         self._executions: set[Execution] = set()
 
     async def __aenter__(self) -> Service:
-        self.network.open()
-        await self.sessions.open()
+        self.owner.acquire()  # raises StateOwned before anything of the owner's is touched
+        try:
+            self.network.open()
+            await self.sessions.open()
+        except BaseException:
+            self.owner.release()
+            raise
         return self
 
     async def __aexit__(
@@ -82,6 +90,7 @@ class Service:
         await self.network.close()
         await asyncio.to_thread(self._audit_writer.shutdown, True)
         self.audit.close()
+        self.owner.release()
 
     # -- execution -----------------------------------------------------------------------
 

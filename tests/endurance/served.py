@@ -92,6 +92,20 @@ class Served:
         headers = {"Authorization": f"Bearer {self.token(role)}"}
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
+    def corral(
+        self, *args: str, timeout_s: float = 120.0, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """`corral ARGS...` run as the operator runs it beside this server (its folders, or
+        `env` instead)."""
+        return subprocess.run(
+            [sys.executable, "-m", "corral", *args],
+            env={**(self.env if env is None else env), "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
     def terminate(self, timeout_s: float = 60.0) -> float:
         """SIGTERM the server and wait for it to exit; returns the seconds it took.
 

@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 
 from corral.config import Settings
+from corral.owner import ServerInfo
 from corral.server.app import build_app
 from corral.service import Service
 from corral.tokens import Tokens, load_tokens
@@ -73,6 +74,8 @@ def start_server(
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
+    # What `corral serve` does once it listens, so the CLI finds this server the same way.
+    service.owner.publish(ServerInfo.for_address("127.0.0.1", settings.port))
     url = f"http://127.0.0.1:{settings.port}"
     return RunningServer(settings, tokens, url, service), server, thread
 
@@ -149,15 +152,16 @@ def variant_server(
 
 
 def corral(server: RunningServer, *args: str, port: int | None = None) -> tuple[int, str]:
-    """`corral ARGS...` as a subprocess against `server`: (exit code, stdout + stderr)."""
+    """`corral ARGS...` as a subprocess against `server`, found from its state directory's
+    runtime file (or at `port` on loopback, through CORRAL_URL): (exit code, stdout + stderr)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(
         CORRAL_CONFIG_DIR=str(server.settings.config_dir),
-        CORRAL_HOST="127.0.0.1",
-        CORRAL_PORT=str(port if port is not None else server.settings.port),
         CORRAL_STATE_DIR=str(server.settings.state_dir),
         COLUMNS="200",
     )
+    if port is not None:
+        env["CORRAL_URL"] = f"http://127.0.0.1:{port}"
     done = subprocess.run(
         [sys.executable, "-m", "corral", *args],
         env=env,

@@ -257,11 +257,11 @@ def test_admin_can_stop_any_session_and_it_is_audited(server: RunningServer, sid
 
 
 def test_openapi_documents_exactly_the_routes(server: RunningServer) -> None:
-    from corral.server import compat, rest
+    from corral.server import admin, compat, rest
 
     routed = {
         (method, re.sub(r":\w+}", "}", route.path))  # "{filename:path}" is "{filename}"
-        for route in [*compat.ROUTES, *rest.ROUTES]
+        for route in [*compat.ROUTES, *rest.ROUTES, *admin.ROUTES]
         for method in (route.methods or ())
         if method != "HEAD"
     }

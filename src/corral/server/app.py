@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -25,7 +26,9 @@ from starlette.types import ASGIApp
 from corral import __version__
 from corral.config import Settings
 from corral.doctor import run_checks
-from corral.server import compat, rest
+from corral.errors import AddressInUse
+from corral.owner import ServerInfo
+from corral.server import admin, compat, rest
 from corral.server.auth import Guard, allowed_hosts
 from corral.server.body import BodyLimit
 from corral.server.errors import HANDLERS
@@ -83,6 +86,7 @@ def build_app(
             Route("/openapi.json", _openapi, methods=["GET"]),
             *compat.ROUTES,
             *rest.ROUTES,
+            *admin.ROUTES,
             Mount("/", app=mcp_app),
         ],
         lifespan=lifespan,
@@ -114,10 +118,36 @@ async def _openapi(request: Request) -> Response:
     return JSONResponse(document())
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's listening address, bound now so a taken port is refused before anything
+    starts (`AddressInUse`); uvicorn listens on it once the service is open."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise AddressInUse(host, port) from exc
+        raise
+    return sock
+
+
 def serve(
-    settings: Settings, service: Service, tokens: Tokens | None, token_problem: str | None = None
-) -> None:
-    """Run the server in the foreground until SIGINT or SIGTERM."""
+    settings: Settings,
+    service: Service,
+    tokens: Tokens | None,
+    token_problem: str | None = None,
+    *,
+    sock: socket.socket | None = None,
+) -> bool:
+    """Run the server in the foreground until SIGINT or SIGTERM; False when it never started
+    (the service could not open: the state is owned, say).
+
+    The runtime file (`corral.owner`) is published once the socket listens and removed when
+    the service closes.
+    """
     app = build_app(settings, service, tokens, token_problem)
     config = uvicorn.Config(
         app,
@@ -128,7 +158,9 @@ def serve(
         timeout_graceful_shutdown=10,
         server_header=False,
     )
-    _Server(config, service).run()
+    server = _Server(config, service)
+    server.run(sockets=[sock or bind_socket(settings.host, settings.port)])
+    return server.started
 
 
 class _Server(uvicorn.Server):
@@ -144,6 +176,12 @@ class _Server(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            port = sockets[0].getsockname()[1] if sockets else self.config.port
+            self.service.owner.publish(ServerInfo.for_address(self.config.host, port))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.loop is not None and not self.should_exit:

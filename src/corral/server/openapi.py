@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from corral import __version__
 from corral.server import schemas as s
+from corral.server.admin import ARCHIVE_NAME, SkillAdded
 
 JSON = "application/json"
 PATH_Q: dict[str, Any] = {"type": "string", "minLength": 1}
@@ -23,6 +24,7 @@ KIND_Q: dict[str, Any] = {"type": "string", "enum": ["execution", "session", "ad
 ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
 STATUS_Q: dict[str, Any] = {"type": "string", "enum": ["pending", "approved", "rejected"]}
 LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
+ARCHIVE_Q: dict[str, Any] = {"type": "string", "pattern": f"^{ARCHIVE_NAME.pattern}$"}
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,22 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/admin/sessions/{id}/stop",
         "Stop any session (admin)",
         ok=(200, s.SessionModel),
+        admin=True,
+    ),
+    Operation(
+        "DELETE",
+        "/v1/admin/sessions/{id}",
+        "Stop any session and delete its files (admin)",
+        ok=(204, None),
+        admin=True,
+    ),
+    Operation(
+        "POST",
+        "/v1/admin/skills",
+        "Add a skill from a .zip body, unpacked with the size, count and path checks (admin)",
+        ok=(201, SkillAdded),
+        query=(("name", ARCHIVE_Q, False),),
+        raw_body=True,
         admin=True,
     ),
     Operation(
