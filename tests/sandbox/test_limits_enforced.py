@@ -577,6 +577,14 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
     assert await value(limited, "lim-tmp-size", statvfs) == 16 * MIB
 
 
+async def test_the_report_names_the_limits_held_only_by_a_watchdog(limited: Service) -> None:
+    await limited.create_session("lim-report")
+    report = limited.session_limits("lim-report")
+    expected = ("memory", "cpu", "tasks") if is_rlimit(limited) else ()
+    assert report.best_effort == expected
+    assert report.to_dict()["best_effort"] == list(expected)
+
+
 async def test_limits_of_a_stopped_session_apply_at_its_start(limited: Service) -> None:
     await limited.create_session("lim-stopped")
     await limited.stop_session("lim-stopped")
