@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -42,7 +44,7 @@ def sweep_leftovers(state_dir: Path, run_root: Path) -> list[int]:
             names[proc.pid] = (proc.info["ppid"], _names(cmdline, marks))
     killed: list[int] = []
     for pid, (parent, ours) in names.items():
-        if not ours or names.get(parent, (0, False))[1] or parent == os.getpid():
+        if not ours or names.get(parent, (0, False))[1] or os.getpid() in (pid, parent):
             continue
         if _holds_open(parent, state):
             continue
@@ -70,3 +72,55 @@ def _holds_open(pid: int, prefix: str) -> bool:
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
                 return True
     return False
+
+
+# The janitor's whole program: wait for the server's end, then sweep a few times (a
+# sandbox being set up when the server died is orphaned a moment later, by bwrap).
+_JANITOR = """
+import os, sys, time
+from pathlib import Path
+if sys.stdin.buffer.read() != b"closed":
+    from corral.sandbox.leftovers import sweep_leftovers
+    state = Path(os.environ["CORRAL_JANITOR_STATE"])
+    for _ in range(4):
+        sweep_leftovers(state, Path(os.environ["CORRAL_JANITOR_RUN"]))
+        time.sleep(0.25)
+"""
+
+
+class Janitor:
+    """A small process that outlives its server by a moment and sweeps after it.
+
+    bwrap arms its own death signal in the sandbox it clones a moment after the clone, so a
+    server killed in that moment leaves the inner bwrap (and what it started) orphaned. The
+    janitor holds the read end of a pipe only the server holds open; end of file without
+    the server's goodbye means the server died, and it sweeps (`sweep_leftovers`). Its
+    command line names none of the server's folders (they travel in its environment), so
+    no sweep mistakes it for a sandbox.
+    """
+
+    def __init__(self, state_dir: Path, run_root: Path) -> None:
+        read, self._write = os.pipe()
+        env = dict(os.environ)
+        env.update(CORRAL_JANITOR_STATE=str(state_dir), CORRAL_JANITOR_RUN=str(run_root))
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _JANITOR],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                cwd="/",
+                start_new_session=True,  # a signal to the server's group spares it
+            )
+        finally:
+            os.close(read)
+
+    def close(self) -> None:
+        """The server ends cleanly: the janitor leaves without sweeping."""
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"closed")
+        with contextlib.suppress(OSError):
+            os.close(self._write)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
