@@ -185,3 +185,59 @@ def test_sandboxes_of_a_live_server_and_of_other_states_are_left_alone(
     own.wait()
     live.kill()
     live.wait()
+
+
+# Plays a server with a janitor: starts a sandbox-like child naming the state, then dies
+# (SIGKILL of itself) without saying goodbye; the child has no death signal of its own.
+SERVER_WITH_JANITOR = """
+import os, signal, subprocess, sys
+from pathlib import Path
+from corral.sandbox.leftovers import Janitor
+state, run_root = Path(sys.argv[1]), Path(sys.argv[2])
+janitor = Janitor(state, run_root)
+child = subprocess.Popen(
+    [sys.executable, '-c', sys.argv[3], f'{state}/sessions/s/workspace'],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
+print(child.pid, janitor.process.pid, flush=True)
+if sys.argv[4] == 'close':
+    janitor.close()
+    print('closed', flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_janitor_sweeps_after_a_server_that_died(
+    tmp_path: Path, run_root: Path, started: list[int]
+) -> None:
+    state = tmp_path / "state"
+    helper = subprocess.run(
+        [sys.executable, "-c", SERVER_WITH_JANITOR, str(state), str(run_root), SLEEPER, "die"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    child, janitor = (int(word) for word in helper.stdout.split())
+    started += [child, janitor]
+    assert wait_for(lambda: not alive(child)), "the orphan outlived its server"
+    assert wait_for(lambda: not alive(janitor))
+
+
+def test_a_janitor_told_goodbye_leaves_without_sweeping(
+    tmp_path: Path, run_root: Path, started: list[int]
+) -> None:
+    state = tmp_path / "state"
+    helper = subprocess.run(
+        [sys.executable, "-c", SERVER_WITH_JANITOR, str(state), str(run_root), SLEEPER, "close"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    child, janitor = (int(word) for word in helper.stdout.split()[:2])
+    started.append(child)
+    assert "closed" in helper.stdout
+    assert not alive(janitor)  # close() waited for it
+    assert alive(child)
