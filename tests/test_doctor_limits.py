@@ -68,7 +68,7 @@ def test_doctor_reports_the_detected_mechanism_and_each_limit(
         assert checks[name]["ok"], checks[name]
         assert checks[name]["detail"] == how[limit]
         assert checks[name]["strength"] == ("weak" if limit in weak else "ok"), checks[name]
-        assert (checks[name]["fix"] is not None) == (limit in weak)
+        assert checks[name]["fix"] is None  # said once, on the mechanism's line
     assert checks["limits"]["strength"] == ("weak" if weak else "ok")
     names = list(checks)
     assert names[names.index("limits") + 1 :][: len(LIMIT_CHECKS)] == LIMIT_CHECKS
@@ -76,7 +76,7 @@ def test_doctor_reports_the_detected_mechanism_and_each_limit(
 
 def test_doctor_under_forced_rlimits(tmp_path: Path, run_root: Path) -> None:
     """Forced rlimits (even where they are also what is detected): weak memory, cpu and
-    tasks, each with the same fix for this host."""
+    tasks, and the fix for this host said once."""
     _, checks, _ = doctor(tmp_path, run_root, CORRAL_LIMIT_MECHANISM="rlimit")
     assert checks["limits"]["ok"], checks["limits"]
     assert checks["limits"]["detail"] == "rlimit: per-process rlimits and a watchdog (forced)"
@@ -85,9 +85,12 @@ def test_doctor_under_forced_rlimits(tmp_path: Path, run_root: Path) -> None:
     assert "stops (SIGSTOP)" in checks["limit cpu"]["detail"]
     assert "total resident memory" in checks["limit memory"]["detail"]
     assert "watchdog" in checks["limit tasks"]["detail"]
-    fix = stronger_limits_fix("rlimit")
-    for name in ("limits", "limit memory", "limit cpu", "limit tasks"):
-        assert (checks[name]["strength"], checks[name]["fix"]) == ("weak", fix), checks[name]
+    assert (checks["limits"]["strength"], checks["limits"]["fix"]) == (
+        "weak",
+        stronger_limits_fix("rlimit"),
+    )
+    for name in ("limit memory", "limit cpu", "limit tasks"):
+        assert (checks[name]["strength"], checks[name]["fix"]) == ("weak", None), checks[name]
     for name in ("limit workspace", "limit tmpfs", "limit time", "limit output", "limit idle"):
         assert (checks[name]["strength"], checks[name]["fix"]) == ("ok", None), checks[name]
 

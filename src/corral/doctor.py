@@ -114,8 +114,9 @@ def _check_browser(settings: Settings) -> Check:
 
 
 def _check_limits(settings: Settings) -> list[Check]:
-    """The mechanism (tried for real: a session box made and removed), then each limit,
-    with the one change that would make the weak ones hard limits on this host."""
+    """The mechanism (tried for real: a session box made and removed), then each limit.
+    Where some are weak, the mechanism's line carries (once) the one change that would
+    make them hard limits on this host."""
     try:
         mechanism = choose_mechanism(settings.limit_mechanism)
         box = make_box(mechanism, f"doctor-{os.getpid()}", settings.limits)
@@ -136,7 +137,7 @@ def _check_limits(settings: Settings) -> list[Check]:
     ]
     for name, how in enforcement(mechanism.name).items():
         strength: Strength = "weak" if name in weak else "ok"
-        checks.append(Check(f"limit {name}", True, how, fix if name in weak else None, strength))
+        checks.append(Check(f"limit {name}", True, how, None, strength))
     return checks
 
 
