@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from corral.sandbox.limits import CGROUP_ROOT, detect_mechanism, enforcement, own_cgroup1
+from corral.doctor import Check, status_markup, stronger_limits_fix, user_manager_runs
+from corral.sandbox.limits import (
+    CGROUP_ROOT,
+    best_effort,
+    detect_mechanism,
+    enforcement,
+    own_cgroup1,
+)
 
 LIMIT_CHECKS = [
     "limit memory",
@@ -55,22 +62,64 @@ def test_doctor_reports_the_detected_mechanism_and_each_limit(
     assert checks["limits"]["ok"], checks["limits"]
     assert checks["limits"]["detail"] == f"{detected.name}: {detected.detail}"
     how = enforcement(detected.name)
+    weak = best_effort(detected.name)
     for name in LIMIT_CHECKS:
+        limit = name.removeprefix("limit ")
         assert checks[name]["ok"], checks[name]
-        assert checks[name]["detail"] == how[name.removeprefix("limit ")]
+        assert checks[name]["detail"] == how[limit]
+        assert checks[name]["strength"] == ("weak" if limit in weak else "ok"), checks[name]
+        assert checks[name]["fix"] is None  # said once, on the mechanism's line
+    assert checks["limits"]["strength"] == ("weak" if weak else "ok")
     names = list(checks)
     assert names[names.index("limits") + 1 :][: len(LIMIT_CHECKS)] == LIMIT_CHECKS
 
 
 def test_doctor_under_forced_rlimits(tmp_path: Path, run_root: Path) -> None:
+    """Forced rlimits (even where they are also what is detected): weak memory, cpu and
+    tasks, and the fix for this host said once."""
     _, checks, _ = doctor(tmp_path, run_root, CORRAL_LIMIT_MECHANISM="rlimit")
     assert checks["limits"]["ok"], checks["limits"]
     assert checks["limits"]["detail"] == "rlimit: per-process rlimits and a watchdog (forced)"
     for name in LIMIT_CHECKS:
         assert checks[name]["ok"], checks[name]
-    assert "not a cap" in checks["limit cpu"]["detail"]
-    assert "RLIMIT_DATA" in checks["limit memory"]["detail"]
+    assert "stops (SIGSTOP)" in checks["limit cpu"]["detail"]
+    assert "total resident memory" in checks["limit memory"]["detail"]
     assert "watchdog" in checks["limit tasks"]["detail"]
+    assert (checks["limits"]["strength"], checks["limits"]["fix"]) == (
+        "weak",
+        stronger_limits_fix("rlimit"),
+    )
+    for name in ("limit memory", "limit cpu", "limit tasks"):
+        assert (checks[name]["strength"], checks[name]["fix"]) == ("weak", None), checks[name]
+    for name in ("limit workspace", "limit tmpfs", "limit time", "limit output", "limit idle"):
+        assert (checks[name]["strength"], checks[name]["fix"]) == ("ok", None), checks[name]
+
+
+def test_the_fix_for_weak_limits_is_possible_on_this_host() -> None:
+    """Where a stronger mechanism is detected, forcing rlimits is the thing to undo; else
+    `systemd-run --user` is named only where a user manager answers (or after the lingering
+    that would start one)."""
+    fix = stronger_limits_fix("rlimit")
+    detected = detect_mechanism()
+    if detected.name != "rlimit":
+        assert fix.startswith("unset CORRAL_LIMIT_MECHANISM: " + detected.name)
+    elif "systemd-run" in fix and not user_manager_runs():
+        assert "loginctl enable-linger" in fix, fix
+
+
+def test_doctor_shows_weak_in_yellow_and_missing_in_red() -> None:
+    assert status_markup(Check("limit cpu", True, "", strength="weak")) == "[yellow]weak[/yellow]"
+    assert status_markup(Check("limit cpu", True, "", strength="missing")) == "[red]missing[/red]"
+    assert status_markup(Check("limit cpu", True, "", strength="ok")) == "[green]ok[/green]"
+    assert status_markup(Check("bwrap", False, "")) == "[red]FAILED[/red]"
+
+
+def test_doctor_says_forced_when_the_forced_mechanism_is_the_detected_one(
+    tmp_path: Path, run_root: Path
+) -> None:
+    detected = detect_mechanism()
+    _, checks, _ = doctor(tmp_path, run_root, CORRAL_LIMIT_MECHANISM=detected.name)
+    assert checks["limits"]["detail"] == f"{detected.name}: {detected.detail} (forced)"
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from corral.audit import KINDS, AuditLog
 from corral.browser.fetch import PageResult
 from corral.clients import RENDERERS, client_config
 from corral.config import Settings
-from corral.doctor import run_checks
+from corral.doctor import run_checks, status_markup
 from corral.errors import CorralError, InvalidInput, StateOwned
 from corral.kernels.results import ExecutionResult
 from corral.owner import find_server
@@ -84,7 +84,7 @@ def doctor(as_json: bool) -> None:
         for column in ("check", "status", "detail"):
             table.add_column(column)
         for check in checks:
-            status = "[green]ok[/green]" if check.ok else "[red]FAILED[/red]"
+            status = status_markup(check)
             detail = check.detail + (f"\n[yellow]→ {check.fix}[/yellow]" if check.fix else "")
             table.add_row(check.name, status, detail)
         out.print(table)
@@ -505,6 +505,9 @@ def _print_limits(report: dict[str, Any]) -> None:
     usage = report.get("usage")
     if usage:
         click.echo(f"  using {format_size(usage['memory_bytes'])} and {usage['tasks']} tasks")
+    if report.get("best_effort"):
+        weak = ", ".join(report["best_effort"])
+        click.echo(f"  best effort here (held by a watchdog, not the kernel): {weak}")
 
 
 @main.group()

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from corral.kernels.session import Session
-from corral.sandbox.limits import LIVE_LIMITS, enforcement
+from corral.sandbox.limits import LIVE_LIMITS, best_effort, enforcement
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class LimitsUsage:
 class LimitsReport:
     """A session's limits, what enforces each one, and its usage while it runs.
 
+    `best_effort` names the limits this host's mechanism holds only by a watchdog (they may
+    be overshot between two looks), empty where the kernel enforces them all.
+
     After a change, `changed_now` lists the limits the running sandboxes took at once and
     `changed_at_next_start` the others; both are None for a plain look.
     """
@@ -36,6 +39,7 @@ class LimitsReport:
     enforcement: dict[str, str]
     usage: LimitsUsage | None
     workspace_bytes_used: int | None
+    best_effort: tuple[str, ...] = ()
     changed_now: tuple[str, ...] | None = None
     changed_at_next_start: tuple[str, ...] | None = None
 
@@ -47,6 +51,7 @@ class LimitsReport:
             "enforcement": self.enforcement,
             "usage": None if self.usage is None else asdict(self.usage),
             "workspace_bytes_used": self.workspace_bytes_used,
+            "best_effort": list(self.best_effort),
         }
         if self.changed_now is not None and self.changed_at_next_start is not None:
             data["changed_now"] = list(self.changed_now)
@@ -81,6 +86,7 @@ def limits_report(session: Session, mechanism: str) -> LimitsReport:
         enforcement=enforcement(mechanism),
         usage=usage,
         workspace_bytes_used=session.disk.usage,
+        best_effort=best_effort(mechanism),
     )
 
 

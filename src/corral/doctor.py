@@ -6,20 +6,30 @@ sandboxes: a probe that only reads sysctls would miss AppArmor or a seccomp-less
 
 from __future__ import annotations
 
+import getpass
 import importlib.metadata
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from corral.browser.fetch import find_chromium
 from corral.config import Settings
 from corral.errors import CorralError, SandboxUnavailable
 from corral.sandbox.boxes import make_box
 from corral.sandbox.bwrap import bwrap_version, find_bwrap
-from corral.sandbox.limits import choose_mechanism, enforcement
+from corral.sandbox.limits import (
+    CGROUP_ROOT,
+    best_effort,
+    choose_mechanism,
+    detect_mechanism,
+    enforcement,
+    v2_controllers_available,
+)
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.process import run_sandboxed
 from corral.sandbox.profile import SessionPaths, default_policy, write_identity_files
@@ -44,12 +54,30 @@ print("kernels ok")
 """
 
 
+Strength = Literal["ok", "weak", "missing"]
+
+
 @dataclass(frozen=True)
 class Check:
+    """One finding. `strength` is set for each limit: `ok` (the kernel enforces it),
+    `weak` (best effort: a watchdog) or `missing` (not enforced here)."""
+
     name: str
     ok: bool
     detail: str
     fix: str | None = None
+    strength: Strength | None = None
+
+
+def status_markup(check: Check) -> str:
+    """The check's status as rich markup: green ok, yellow weak, red missing or FAILED."""
+    if not check.ok:
+        return "[red]FAILED[/red]"
+    if check.strength == "weak":
+        return "[yellow]weak[/yellow]"
+    if check.strength == "missing":
+        return "[red]missing[/red]"
+    return "[green]ok[/green]"
 
 
 def run_checks(settings: Settings) -> list[Check]:
@@ -86,7 +114,9 @@ def _check_browser(settings: Settings) -> Check:
 
 
 def _check_limits(settings: Settings) -> list[Check]:
-    """The mechanism (tried for real: a session box made and removed), then each limit."""
+    """The mechanism (tried for real: a session box made and removed), then each limit.
+    Where some are weak, the mechanism's line carries (once) the one change that would
+    make them hard limits on this host."""
     try:
         mechanism = choose_mechanism(settings.limit_mechanism)
         box = make_box(mechanism, f"doctor-{os.getpid()}", settings.limits)
@@ -94,12 +124,75 @@ def _check_limits(settings: Settings) -> list[Check]:
         box.remove()
     except CorralError as exc:
         return [Check("limits", False, str(exc), "set CORRAL_LIMIT_MECHANISM=rlimit")]
-    weak = mechanism.name == "rlimit"
-    checks = [Check("limits", True, f"{mechanism.name}: {mechanism.detail}", mechanism.advice)]
+    weak = best_effort(mechanism.name)
+    fix = stronger_limits_fix(mechanism.name) if weak else None
+    checks = [
+        Check(
+            "limits",
+            True,
+            f"{mechanism.name}: {mechanism.detail}",
+            fix or mechanism.advice,
+            "weak" if weak else "ok",
+        )
+    ]
     for name, how in enforcement(mechanism.name).items():
-        advice = mechanism.advice if weak and name in ("memory", "cpu", "tasks") else None
-        checks.append(Check(f"limit {name}", True, how, advice))
+        strength: Strength = "weak" if name in weak else "ok"
+        checks.append(Check(f"limit {name}", True, how, None, strength))
     return checks
+
+
+def stronger_limits_fix(current: str, cgroup_root: Path = CGROUP_ROOT) -> str:
+    """The one change that would make memory, cpu and tasks hard limits on this host,
+    checked to be possible here: never a remedy this host cannot run."""
+    detected = detect_mechanism(cgroup_root)
+    if detected.name != current:
+        return (
+            f"unset CORRAL_LIMIT_MECHANISM: {detected.name} ({detected.detail}) is available "
+            "here and enforces memory, cpu and tasks in the kernel"
+        )
+    if os.geteuid() == 0:
+        return "mount the memory, pids and cpu cgroup controllers (cgroup v2) under /sys/fs/cgroup"
+    if not v2_controllers_available(cgroup_root):
+        return (
+            "this host's cgroup v2 hierarchy lacks the memory, pids and cpu controllers "
+            "(they are bound to cgroup v1 here, which only root may use): ask an "
+            "administrator to boot with systemd.unified_cgroup_hierarchy=1, or run corral as root"
+        )
+    user = getpass.getuser()
+    if user_manager_runs():
+        return (
+            "start corral in a delegated cgroup: "
+            "systemd-run --user --scope -p Delegate=yes corral serve"
+        )
+    if Path("/run/systemd/system").is_dir() and shutil.which("loginctl"):
+        return (
+            f"no systemd user manager runs for {user} (no XDG_RUNTIME_DIR, or systemctl --user "
+            f"fails, as under su, runuser or ssh without pam_systemd): ask an administrator "
+            f"for 'loginctl enable-linger {user}', log in again, then start corral with "
+            "'systemd-run --user --scope -p Delegate=yes corral serve' (or as a systemd user "
+            "service with Delegate=yes)"
+        )
+    return (
+        f"systemd does not manage this host (a container?): ask an administrator to "
+        f"delegate a cgroup v2 directory to {user} (chown it with its cgroup.procs and "
+        "cgroup.subtree_control) and start corral serve inside it"
+    )
+
+
+def user_manager_runs() -> bool:
+    """Whether this user has a systemd user manager `systemd-run --user` can reach."""
+    if not os.environ.get("XDG_RUNTIME_DIR") or shutil.which("systemctl") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            ["systemctl", "--user", "show-environment"],
+            capture_output=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 def _check_bwrap(settings: Settings) -> tuple[Check, str | None]:

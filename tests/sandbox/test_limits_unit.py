@@ -42,6 +42,7 @@ from corral.sandbox.limits import (
     MIN_TASKS,
     LimitMechanism,
     Limits,
+    best_effort,
     choose_mechanism,
     detect_mechanism,
     enforcement,
@@ -233,8 +234,18 @@ def test_a_formatted_size_parses_back(text: str) -> None:
 def test_rlimit_can_be_forced() -> None:
     forced = choose_mechanism("rlimit")
     assert forced.name == "rlimit"
-    assert "forced" in forced.detail
+    assert forced.detail.endswith("(forced)")
     assert forced.path is None
+
+
+def test_forcing_the_detected_mechanism_still_says_forced(tmp_path: Path) -> None:
+    """A host with no cgroup tree detects rlimits; forcing them is still shown as forced
+    (a non-root user's reported failure)."""
+    assert detect_mechanism(tmp_path).name == "rlimit"
+    forced = choose_mechanism("rlimit", tmp_path)
+    assert forced.detail == "per-process rlimits and a watchdog (forced)"
+    detected = detect_mechanism()
+    assert choose_mechanism(detected.name).detail == f"{detected.detail} (forced)"
 
 
 @pytest.mark.parametrize("forced", ["", "auto"])
@@ -257,7 +268,7 @@ def test_a_mechanism_this_host_lacks_is_refused() -> None:
 def test_no_cgroup_tree_means_rlimits(tmp_path: Path) -> None:
     found = detect_mechanism(tmp_path)
     assert found.name == "rlimit"
-    assert found.advice is not None and "Delegate=yes" in found.advice
+    assert found.advice is not None and "best effort" in found.advice
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroup v1 is chosen only for root")
@@ -293,8 +304,19 @@ def test_every_limit_says_what_enforces_it(mechanism: str) -> None:
     assert all(how.values())
 
 
-def test_rlimit_admits_that_cpu_is_only_a_priority() -> None:
-    assert "not a cap" in enforcement("rlimit")["cpu"]
+def test_rlimit_says_what_its_watchdog_holds() -> None:
+    how = enforcement("rlimit")
+    assert "total resident memory" in how["memory"]
+    assert "stops (SIGSTOP)" in how["cpu"]
+    assert "watchdog" in how["tasks"]
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "weak"),
+    [("cgroup2", ()), ("cgroup1", ()), ("rlimit", ("memory", "cpu", "tasks"))],
+)
+def test_watchdog_limits_are_best_effort(mechanism: str, weak: tuple[str, ...]) -> None:
+    assert best_effort(mechanism) == weak
 
 
 def test_make_box_follows_the_mechanism(tmp_path: Path) -> None:

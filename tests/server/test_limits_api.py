@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from corral.sandbox.boxes import CgroupV1Box
-from corral.sandbox.limits import detect_mechanism
+from corral.sandbox.limits import best_effort, detect_mechanism
 from tests.server.conftest import RunningServer, corral
 
 MIB = 1024 * 1024
@@ -62,6 +62,7 @@ def test_admin_reads_limits_mechanism_and_usage(server: RunningServer, sid: str)
         report["enforcement"]
     )
     assert report["usage"]["memory_bytes"] > 0 and report["usage"]["tasks"] >= 1
+    assert report["best_effort"] == list(best_effort(detect_mechanism().name))
 
 
 def test_admin_changes_limits_of_a_running_session_at_once(server: RunningServer, sid: str) -> None:
@@ -191,6 +192,8 @@ def test_corral_limits_show(server: RunningServer, sid: str) -> None:
     assert "  tasks            256\n" in text
     assert "  cpus             1\n" in text
     assert " tasks\n" in text and "  using " in text
+    weak = best_effort(detect_mechanism().name)
+    assert ("best effort here (held by a watchdog, not the kernel): " in text) == bool(weak)
 
 
 def test_corral_limits_set_changes_the_running_server(server: RunningServer, sid: str) -> None:

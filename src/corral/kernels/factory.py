@@ -35,6 +35,7 @@ from corral.protect import validate_protected_names
 from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
 from corral.sandbox.launch import Output, start_sandbox
+from corral.sandbox.leftovers import Janitor, sweep_leftovers
 from corral.sandbox.limits import Limits, choose_mechanism
 from corral.sandbox.policy import Bind, SandboxPolicy
 from corral.sandbox.profile import (
@@ -86,12 +87,22 @@ class KernelFactory:
         self.skill_binds = skill_binds(settings)
         self.identity_dir = settings.state_dir / "sandbox-etc"
         self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
+        self.janitor: Janitor | None = None  # sweeps after this server if it dies
 
     async def prepare(self) -> None:
-        """Once per server, before the first sandbox: identity files, stale cgroups."""
+        """Once per server, before the first sandbox: sandboxes and cgroups a dead server
+        of this state left, identity files."""
+        await asyncio.to_thread(sweep_leftovers, self.settings.state_dir, self.settings.run_root)
+        self.janitor = Janitor(self.settings.state_dir, self.settings.run_root)
         if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
             await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
         write_identity_files(self.identity_dir)
+
+    def close(self) -> None:
+        """Once per server, after the last sandbox stopped: the janitor leaves."""
+        if self.janitor is not None:
+            self.janitor.close()
+            self.janitor = None
 
     # -- sandboxes of any kind (sessions, the browser) ------------------------------------
 

@@ -99,6 +99,7 @@ class SessionManager:
         for session in self.sessions.values():
             self._save(session)
         self.store.close()
+        self.factory.close()
 
     # -- lifecycle -----------------------------------------------------------------------
 

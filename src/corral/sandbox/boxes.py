@@ -24,11 +24,12 @@ from pathlib import Path
 import psutil
 
 from corral.errors import Conflict, SandboxUnavailable
+from corral.sandbox import watchdog
 from corral.sandbox.limits import LimitMechanism, Limits, format_size, own_cgroup1
+from corral.sandbox.watchdog import CpuThrottle
 
 CPU_PERIOD_US = 100_000
 NICE = 10
-WATCHDOG_INTERVAL_S = 0.1
 REMOVE_WAIT_S = 3.0
 
 
@@ -361,20 +362,24 @@ def prepare_v2_subtree(own: Path) -> None:
 
 
 class RlimitBox(LimitBox):
-    """Per-process rlimits, a lower priority, and a watchdog counting each sandbox's tasks.
+    """Per-process rlimits and the watchdog (`corral.sandbox.watchdog`): memory as a total
+    over the session's process trees, tasks, and a CPU quota by stopping and continuing.
 
-    RLIMIT_NPROC is not used: it counts every process of the user on the whole host, so it
-    cannot bound one session. The watchdog counts the threads of all the session's sandboxes
-    and kills the one holding the most when they pass the task limit; a fork bomb may briefly
-    overshoot by what it forks between two looks.
+    RLIMIT_DATA stays as a per-process bound (one allocation past the limit fails with
+    MemoryError at once instead of waiting for the watchdog's next look). RLIMIT_NPROC is
+    not used: it counts every process of the user on the whole host, so it cannot bound one
+    session. What the watchdog holds is best effort: a tree may overshoot by what it
+    allocates or forks between two looks.
     """
 
     mechanism = "rlimit"
 
     def __init__(self, name: str, limits: Limits) -> None:
         super().__init__(name, limits)
-        self.kills = 0
+        self.kills = 0  # trees killed for tasks
+        self.memory_kills = 0
         self.frozen: list[int] = []
+        self.throttle = CpuThrottle()
 
     def admit(self, pid: int) -> None:
         super().admit(pid)
@@ -389,10 +394,10 @@ class RlimitBox(LimitBox):
         return deferred
 
     def counters(self) -> Counters:
-        return Counters(0, self.kills)
+        return Counters(self.memory_kills, self.kills)
 
     def freeze(self) -> None:
-        self.frozen = self._signal_tree(signal.SIGSTOP)
+        self.frozen = watchdog.signal_trees(list(self.pids), signal.SIGSTOP)
 
     def thaw(self) -> None:
         for pid in self.frozen:
@@ -400,45 +405,42 @@ class RlimitBox(LimitBox):
                 os.kill(pid, signal.SIGCONT)
         self.frozen = []
 
+    def remove(self) -> None:
+        for root in list(self.pids):
+            watchdog.kill_tree(root)  # stopped by the throttle or not, nothing stays
+
     async def watch(self) -> None:
         while True:
-            await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            await asyncio.to_thread(self.check_tasks)
+            await asyncio.sleep(watchdog.TICK_S)
+            await asyncio.to_thread(self.check)
 
-    def check_tasks(self) -> None:
-        """When the session's sandboxes together hold more tasks (threads) than the limit,
-        kill the sandbox holding the most."""
-        counts = {root: _tasks_in_tree(root) for root in list(self.pids)}
-        if not counts or sum(counts.values()) <= self.limits.tasks:
+    def check(self) -> None:
+        """One look at every tree: kill the largest past the memory or task limit, then
+        stop or continue them all against the CPU quota."""
+        trees = {root: watchdog.sample_tree(root) for root in list(self.pids)}
+        for root, tree in trees.items():
+            if not tree:
+                self.pids.discard(root)
+        trees = {root: tree for root, tree in trees.items() if tree}
+        if (victim := watchdog.over_memory(trees, self.limits.memory_bytes)) is not None:
+            self.memory_kills += 1
+            watchdog.kill_tree(victim)
             return
-        self.kills += 1
-        with contextlib.suppress(OSError):
-            os.kill(max(counts, key=counts.__getitem__), signal.SIGKILL)
+        if (victim := watchdog.over_tasks(trees, self.limits.tasks)) is not None:
+            self.kills += 1
+            watchdog.kill_tree(victim)
+            return
+        self._hold_cpu([s for tree in trees.values() for s in tree])
 
-    def _signal_tree(self, signum: int) -> list[int]:
-        signalled: list[int] = []
-        for _ in range(5):  # until no new process appears: a stopped process cannot fork
-            fresh = [pid for pid in self._tree() if pid not in signalled]
-            if not fresh:
-                break
-            for pid in fresh:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signum)
-            signalled += fresh
-        return signalled
-
-
-def _tasks_in_tree(root: int) -> int:
-    """The threads of `root` and its descendants (a process counts its threads)."""
-    total = 0
-    try:
-        tree = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for process in tree:
-        with contextlib.suppress(psutil.Error):
-            total += process.num_threads()
-    return total
+    def _hold_cpu(self, samples: list[watchdog.Sample]) -> None:
+        """Stop every tree while the CPU budget is spent; continue them once it is paid
+        back, unless `freeze` holds them."""
+        stop = self.throttle.decide(samples, self.limits.cpus)
+        if stop:
+            watchdog.signal_trees(list(self.pids), signal.SIGSTOP)
+        elif self.throttle.stopped and not self.frozen:
+            watchdog.signal_trees(list(self.pids), signal.SIGCONT)
+        self.throttle.stopped = stop or bool(self.frozen and self.throttle.stopped)
 
 
 def _set_memory_limit(pid: int, memory_bytes: int) -> None:

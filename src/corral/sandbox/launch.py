@@ -7,6 +7,10 @@ Every sandbox, a kernel's, a browser fetch's or a doctor probe's, starts the sam
 - an empty host environment: what the sandbox sees is exactly the policy's variables, which
   bwrap sets after `--clearenv`;
 - a new session, so the sandbox's process group can be killed as one;
+- the parent-death signal (SIGKILL, set by `setpriv` before anything else runs, and kept
+  across the exec of bwrap), and a check that the parent is still this server once that
+  signal is armed: a server that dies at any moment of the spawn leaves no sandbox, not
+  even a gate that would go on to exec bwrap;
 - with a limit box, a gate (`GATE_ARGV`, a shell waiting for one line) in front of bwrap: the
   gate's pid is admitted into the box while it waits, and only then told to exec bwrap, so
   nothing of the sandbox ever runs outside its limits. A refused admission kills and reaps
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 from collections.abc import Sequence
 from typing import IO
@@ -30,9 +35,17 @@ from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.seccomp import filter_fd
 
-# `sh -c GATE corral-gate ARGV...`: exec ARGV once the launcher writes "go"; exit on EOF.
-GATE_SCRIPT = 'IFS= read -r go && [ "$go" = go ] && exec "$@"; exit 125'
+# `sh -c GATE corral-gate SERVER_PID ARGV...`: exec ARGV once the launcher writes "go",
+# if the shell's parent is still the server (the death signal was armed before the shell
+# started, so a parent that died earlier shows as another $PPID); exit on EOF.
+GATE_SCRIPT = (
+    'p=$1; shift; IFS= read -r go && [ "$go" = go ] && [ "$PPID" = "$p" ] && exec "$@"; exit 125'
+)
 GATE_ARGV = ("/bin/sh", "-c", GATE_SCRIPT, "corral-gate")
+# The same without waiting, for a sandbox with no limit box.
+PARENT_SCRIPT = 'p=$1; shift; [ "$PPID" = "$p" ] && exec "$@"; exit 125'
+PARENT_ARGV = ("/bin/sh", "-c", PARENT_SCRIPT, "corral-parent")
+SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 Output = int | IO[bytes] | None  # what subprocess accepts: DEVNULL, PIPE, a file
 
@@ -57,7 +70,7 @@ def start_sandbox(
     try:
         argv = build_argv(policy, command, bwrap=bwrap, seccomp_fd=seccomp_fd)
         process = subprocess.Popen(
-            [*GATE_ARGV, *argv] if box is not None else argv,
+            _with_death_signal(argv, gated=box is not None),
             pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             stdin=subprocess.DEVNULL if box is None else subprocess.PIPE,
             stdout=stdout,
@@ -72,6 +85,16 @@ def start_sandbox(
     if box is not None:
         _admit(process, box)
     return process
+
+
+def _with_death_signal(argv: list[str], *, gated: bool) -> list[str]:
+    """`argv` behind the gate (when `gated`), with the parent-death signal armed first
+    where `setpriv` exists (util-linux; without it, bwrap's own `--die-with-parent` and the
+    sweep at the next start remain)."""
+    if SETPRIV is None:
+        return [*GATE_ARGV, str(os.getpid()), *argv] if gated else argv
+    shell = GATE_ARGV if gated else PARENT_ARGV
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *shell, str(os.getpid()), *argv]
 
 
 def _admit(process: subprocess.Popen[bytes], box: LimitBox) -> None:

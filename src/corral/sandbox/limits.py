@@ -135,16 +135,18 @@ def detect_mechanism(cgroup_root: Path = CGROUP_ROOT) -> LimitMechanism:
     return LimitMechanism(
         "rlimit",
         "per-process rlimits and a watchdog",
-        "run corral under a systemd user scope with Delegate=yes "
-        "(systemd-run --user --scope -p Delegate=yes corral serve) for cgroup v2 limits",
+        "memory, cpu and tasks are held by a watchdog (best effort); a delegated cgroup "
+        "makes them hard limits (`corral doctor` says how on this host)",
     )
 
 
 def choose_mechanism(forced: str, cgroup_root: Path = CGROUP_ROOT) -> LimitMechanism:
     """The detected mechanism, or the rlimit fallback when the operator forces it."""
     detected = detect_mechanism(cgroup_root)
-    if forced in ("", "auto", detected.name):
+    if forced in ("", "auto"):
         return detected
+    if forced == detected.name:
+        return replace(detected, detail=f"{detected.detail} (forced)")
     if forced == "rlimit":
         return LimitMechanism("rlimit", "per-process rlimits and a watchdog (forced)", None)
     if forced not in MECHANISMS:
@@ -165,10 +167,20 @@ ENFORCEMENT: dict[str, dict[str, str]] = {
         "tasks": "pids.max",
     },
     "rlimit": {
-        "memory": "RLIMIT_DATA per process (tmpfs bounded by its own size only)",
-        "cpu": "nice 10 (a lower priority, not a cap)",
+        "memory": "a watchdog on the total resident memory (RSS, then PSS) of the session's "
+        "process trees, killing the largest past the limit, every 50 ms; RLIMIT_DATA per "
+        "process (tmpfs bounded by its own size only)",
+        "cpu": "a watchdog that stops (SIGSTOP) and continues the session's process trees "
+        "against the quota, every 50 ms; nice 10",
         "tasks": "a watchdog that kills a sandbox whose process tree grows past the limit",
     },
+}
+# Limits a mechanism holds only by looking (a watchdog between two looks lets a tree
+# overshoot): `corral doctor` marks them weak, the limits report lists them.
+BEST_EFFORT: dict[str, tuple[str, ...]] = {
+    "cgroup2": (),
+    "cgroup1": (),
+    "rlimit": ("memory", "cpu", "tasks"),
 }
 HOST_SIDE = {
     "workspace": "RLIMIT_FSIZE per file and a watchdog on the workspace and package prefix",
@@ -182,6 +194,18 @@ HOST_SIDE = {
 def enforcement(mechanism: str) -> dict[str, str]:
     """Each limit and what enforces it under `mechanism`."""
     return {**ENFORCEMENT[mechanism], **HOST_SIDE}
+
+
+def best_effort(mechanism: str) -> tuple[str, ...]:
+    """The limits `mechanism` holds only on a best-effort basis (by a watchdog)."""
+    return BEST_EFFORT[mechanism]
+
+
+def v2_controllers_available(cgroup_root: Path = CGROUP_ROOT) -> bool:
+    """Whether the unified hierarchy offers memory, pids and cpu (not on a hybrid v1
+    host, where those controllers are bound to v1 hierarchies)."""
+    unified = _unified_mount(cgroup_root)
+    return unified is not None and _has_v2_controllers(unified)
 
 
 def _unified_mount(cgroup_root: Path) -> Path | None:

@@ -284,6 +284,10 @@ class SessionLimitsModel(BaseModel):
     enforcement: dict[str, str] = Field(description="What enforces each limit on this host.")
     usage: LimitsUsage | None = Field(description="While the session runs.")
     workspace_bytes_used: int | None = Field(description="At the last measurement.")
+    best_effort: list[str] = Field(
+        description="The limits held only by a watchdog here (best effort: they may be "
+        "overshot between two looks); empty where the kernel enforces them all."
+    )
     changed_now: list[str] | None = None
     changed_at_next_start: list[str] | None = None
 
