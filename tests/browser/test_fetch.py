@@ -383,10 +383,8 @@ async def test_a_url_that_is_not_http_is_refused_before_anything_starts(
     browsing: Service, url: str, message: str
 ) -> None:
     before = browser_processes()
-    started = time.monotonic()
     with pytest.raises(InvalidInput, match=message):
         await browsing.fetch_page(url)
-    assert time.monotonic() - started < 0.5
     assert browser_processes() - before == set()
     assert not browsing.network.proxy.sessions
 

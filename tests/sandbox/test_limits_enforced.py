@@ -469,10 +469,10 @@ async def test_time_limit_lowered_live(limited: Service) -> None:
     assert report.changed_now == ("exec_timeout_s",)
     with pytest.raises(InvalidInput, match="between 0 and 1 seconds"):
         await run(limited, "lim-time-live", "1", timeout_s=5.0)
-    started = time.monotonic()
     result = await limited.execute("while True: pass", session_id="lim-time-live")
     assert (result.status, result.limit) == ("timeout", "time")
-    assert time.monotonic() - started < 10
+    # The lowered limit stopped it, not the configured one: the result names which.
+    assert result.message is not None and "1 s time limit" in result.message
 
 
 async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None:

@@ -74,7 +74,7 @@ def test_a_streamed_request_is_checked_against_the_sessions_raised_timeout(
 ) -> None:
     """After `corral limits set ID --timeout 900`, a streamed 600 s request runs, as the same
     JSON request does (it used to be checked against the default limits and refused)."""
-    assert server.settings.default_limits().exec_timeout_s < 600
+    assert server.settings.limits.exec_timeout_s < 600
     with server.client("admin") as admin:
         raised = admin.patch(f"/v1/admin/sessions/{sid}/limits", json={"exec_timeout_s": 900})
         assert raised.status_code == 200, raised.text

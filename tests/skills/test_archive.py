@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import stat
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -190,16 +189,12 @@ def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_zip_bomb_is_refused_by_its_ratio_quickly(bomb: Path, user: Path) -> None:
-    started = time.monotonic()
+def test_a_zip_bomb_is_refused_by_its_ratio(bomb: Path, user: Path) -> None:
     assert_refused(bomb, user, "expands 1\\d\\d\\d times .*zip bomb")
-    assert time.monotonic() - started < 2
 
 
 def test_a_zip_bomb_is_refused_by_the_size_cap_too(bomb: Path, user: Path) -> None:
-    started = time.monotonic()
     assert_refused(bomb, user, "more than 200 MiB", max_ratio=10_000)
-    assert time.monotonic() - started < 2
 
 
 def test_many_small_members_past_the_size_cap_are_refused(tmp_path: Path, user: Path) -> None:
