@@ -97,10 +97,12 @@ class KernelFactory:
         )
 
     async def prepare(self) -> None:
-        """Once per server, before the first sandbox: identity files, stale cgroups."""
+        """Once per server, before the first sandbox: identity files, stale cgroups, a kept
+        matplotlib font list."""
         if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
             await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
         write_identity_files(self.identity_dir)
+        await self.fonts.find_kept()
 
     # -- sandboxes of any kind (sessions, the browser) ------------------------------------
 

@@ -10,9 +10,10 @@ its own fresh package prefix, so each one would pay that. Instead:
 - it is kept in the state directory under a key made of matplotlib's version, the runtime's
   host paths and the font files present (names, sizes, times), so a later server reuses it
   and a changed matplotlib or font set makes a new one;
-- the first kernel launch starts the build in the background (the server's start and the
-  warm pool's hand-over never wait for it); once it is ready, `create_session_env` copies it
-  into each new prefix before any sandbox sees that prefix.
+- the server's start only looks for a list kept under the current key (no build, so even
+  the warm pool's first kernel gets it); without one, the first kernel launch starts the
+  build in the background (nothing waits for it); once it is ready, `create_session_env`
+  copies it into each new prefix before any sandbox sees that prefix.
 
 A session created before the list is ready, or whose copy is missing or corrupt, is left to
 matplotlib, which rebuilds its own as it always did. A runtime without matplotlib has none.
@@ -50,8 +51,6 @@ FONT_DIRS: tuple[Path, ...] = (
 LIST_GLOB = "fontlist-v*.json"
 MAX_LIST_BYTES = 16 << 20
 BUILD_TIMEOUT_S = 300.0
-# Low priority: the build must not take the cores from the kernels running meanwhile.
-BUILD_COMMAND_PREFIX = ("/usr/bin/nice", "-n", "19")
 BUILD_SCRIPT = "import matplotlib.font_manager"
 
 PolicyFor = Callable[[SessionPaths], SandboxPolicy]
@@ -87,10 +86,16 @@ class FontCache:
     def seed(self) -> Path | None:
         """The font list to copy into a new prefix, or None while there is none.
 
-        The first call (on the event loop) starts finding or building it in the background.
+        The first call without one (on the event loop) starts the build in the background.
         """
-        self._start()
+        if self.ready is None:
+            self._start()
         return self.ready
+
+    async def find_kept(self) -> Path | None:
+        """The list an earlier server kept for the current key, looked for off the event loop
+        (no build: this is for the server's start), or None."""
+        return await asyncio.to_thread(self.ensure, build=False)
 
     async def wait_ready(self) -> Path | None:
         """Find or build the list (started if it is not yet) and return it, None if none."""
@@ -110,25 +115,26 @@ class FontCache:
             self._task = asyncio.create_task(asyncio.to_thread(self.ensure), name="corral-fonts")
         return self._task
 
-    def ensure(self) -> Path | None:
-        """Blocking: the kept list for the current key, built first if there is none.
+    def ensure(self, *, build: bool = True) -> Path | None:
+        """Blocking: the kept list for the current key, built first if there is none (and
+        `build`).
 
         Any failure is logged and leaves sessions to build their own (None).
         """
         with self._lock:
             if self.ready is None and not self._closed:
                 try:
-                    self.ready = self._find_or_build()
+                    self.ready = self._find_or_build(build)
                 except (OSError, ValueError, subprocess.SubprocessError) as exc:
                     log.warning("matplotlib's font list could not be prepared: %s", exc)
             return self.ready
 
-    def _find_or_build(self) -> Path | None:
+    def _find_or_build(self, build: bool) -> Path | None:
         key = cache_key(self.runtime, self.font_dirs)
         if key is None:
             return None
         kept = kept_list(self.cache_dir / key)
-        if kept is None:
+        if kept is None and build:
             kept = self._build(key)
         if kept is not None:
             self._forget_others(key)
@@ -159,7 +165,8 @@ class FontCache:
         return self.cache_dir / key / name
 
     def _run_build(self, paths: SessionPaths) -> bool:
-        command = [*BUILD_COMMAND_PREFIX, self.runtime.sandbox_python, "-c", BUILD_SCRIPT]
+        # Normal priority: niced, a busy host could starve it past the first sessions it is for.
+        command = [self.runtime.sandbox_python, "-c", BUILD_SCRIPT]
         process = start_sandbox(
             self.policy_for(paths),
             command,
@@ -258,7 +265,7 @@ def is_font_list(data: bytes) -> bool:
     """Whether `data` is JSON of the shape matplotlib writes (an object with its version)."""
     try:
         parsed = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
         return False
     return isinstance(parsed, dict) and "_version" in parsed and "ttflist" in parsed
 
