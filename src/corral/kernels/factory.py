@@ -34,6 +34,7 @@ from corral.mounts import overlapping
 from corral.protect import validate_protected_names
 from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
+from corral.sandbox.fontcache import FontCache
 from corral.sandbox.launch import Output, start_sandbox
 from corral.sandbox.leftovers import Janitor, sweep_leftovers
 from corral.sandbox.limits import Limits, choose_mechanism
@@ -49,6 +50,8 @@ from corral.sandbox.profile import (
 from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
 
 log = logging.getLogger(__name__)
+
+FONT_BUILD_TMP_BYTES = 64 << 20  # the /tmp of the sandbox that builds matplotlib's font list
 
 # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
 EventHook = Callable[[str, str, str, dict[str, Any]], None]
@@ -88,15 +91,22 @@ class KernelFactory:
         self.identity_dir = settings.state_dir / "sandbox-etc"
         self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
         self.janitor: Janitor | None = None  # sweeps after this server if it dies
+        self.fonts = FontCache(
+            settings.state_dir / "mpl-fonts",
+            self.runtime,
+            policy_for=functools.partial(self.policy, tmp_size_bytes=FONT_BUILD_TMP_BYTES),
+            bwrap=self.bwrap,
+        )
 
     async def prepare(self) -> None:
         """Once per server, before the first sandbox: sandboxes and cgroups a dead server
-        of this state left, identity files."""
+        of this state left, identity files, a kept matplotlib font list."""
         await asyncio.to_thread(sweep_leftovers, self.settings.state_dir, self.settings.run_root)
         self.janitor = Janitor(self.settings.state_dir, self.settings.run_root)
         if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
             await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
         write_identity_files(self.identity_dir)
+        await self.fonts.find_kept()
 
     def close(self) -> None:
         """Once per server, after the last sandbox stopped: the janitor leaves."""
@@ -155,7 +165,7 @@ class KernelFactory:
     async def launch(self, session: Session, language: str) -> None:
         """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
         session.from_pool = False
-        create_session_env(session.paths.env, self.runtime)
+        create_session_env(session.paths.env, self.runtime, font_list=self.fonts.seed())
         socket = None
         if self.egress is not None:
             socket = await self.egress.socket_for(session.id)

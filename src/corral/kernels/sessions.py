@@ -96,6 +96,7 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await asyncio.gather(*(self.factory.stop_kernels(s) for s in self.sessions.values()))
+        await self.factory.fonts.close()
         for session in self.sessions.values():
             self._save(session)
         self.store.close()

@@ -24,6 +24,7 @@ from corral.sandbox.policy import (
     Tmpfs,
 )
 from corral.sandbox.runtime import (
+    MPL_CONFIG_NAME,
     SANDBOX_ENV,
     SANDBOX_PYTHON_PREFIX,
     SANDBOX_RUNTIME_SITE,
@@ -162,7 +163,7 @@ BASE_ENV: tuple[tuple[str, str], ...] = (
     ("VIRTUAL_ENV", SANDBOX_ENV),
     ("PIP_NO_CACHE_DIR", "1"),
     ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
-    ("MPLCONFIGDIR", f"{SANDBOX_ENV}/mpl"),
+    ("MPLCONFIGDIR", f"{SANDBOX_ENV}/{MPL_CONFIG_NAME}"),
     ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
     ("PYTHONUNBUFFERED", "1"),
 )

@@ -8,6 +8,7 @@ site-packages comes first and whose `.pth` file adds the shared runtime after it
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import sysconfig
@@ -17,6 +18,9 @@ from pathlib import Path
 SANDBOX_PYTHON_PREFIX = "/opt/corral/python"
 SANDBOX_RUNTIME_SITE = "/opt/corral/runtime"
 SANDBOX_ENV = "/opt/corral/env"
+MPL_CONFIG_NAME = "mpl"  # MPLCONFIGDIR is SANDBOX_ENV/mpl (see profile.BASE_ENV)
+
+log = logging.getLogger(__name__)
 
 _PIP_SCRIPT = """#!{python}
 import sys
@@ -53,11 +57,15 @@ def current_runtime() -> PythonRuntime:
     )
 
 
-def create_session_env(env_dir: Path, runtime: PythonRuntime) -> None:
+def create_session_env(
+    env_dir: Path, runtime: PythonRuntime, *, font_list: Path | None = None
+) -> None:
     """Create a session's package prefix on the host, once, if it does not exist yet.
 
     An existing prefix is never touched again: the sandbox can write it, so the host must not
     follow anything inside it. Every path written is a sandbox path; it only works in there.
+    `font_list` (matplotlib's, see `corral.sandbox.fontcache`) is copied into its MPLCONFIGDIR
+    while the prefix is still the host's alone; without it matplotlib builds its own.
     """
     if env_dir.exists() or env_dir.is_symlink():
         return
@@ -78,4 +86,15 @@ def create_session_env(env_dir: Path, runtime: PythonRuntime) -> None:
         script = staging / "bin" / name
         script.write_text(_PIP_SCRIPT.format(python=runtime.sandbox_python))
         script.chmod(0o755)
+    if font_list is not None:
+        _seed_font_list(staging / MPL_CONFIG_NAME, font_list)
     staging.rename(env_dir)
+
+
+def _seed_font_list(mpl_dir: Path, font_list: Path) -> None:
+    """Copy the font list in; a failure only costs the session matplotlib's own build."""
+    mpl_dir.mkdir()
+    try:
+        shutil.copyfile(font_list, mpl_dir / font_list.name, follow_symlinks=False)
+    except OSError as exc:
+        log.warning("matplotlib's font list was not copied into %s: %s", mpl_dir, exc)
