@@ -32,6 +32,9 @@ def make_settings(state_dir: Path, run_root: Path, **overrides: object) -> Setti
         # would change the process and descriptor counts other tests of the same worker
         # take. tests/kernels/test_pool*.py test the pool.
         pool_size=0,
+        # Nor the background build of matplotlib's font list (a sandbox per service that
+        # starts a kernel); tests/sandbox/test_fontcache.py builds it on purpose.
+        font_list_build=False,
     )
     base.update(overrides)
     return Settings(**base)  # type: ignore[arg-type]

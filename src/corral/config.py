@@ -74,6 +74,7 @@ class Settings:
     pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none
     pool_memory_bytes: int = 512 * MIB  # what the ready kernels may hold together (their PSS)
     pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
+    font_list_build: bool = True  # build matplotlib's font list once, for every new session
     # Parsed from the fields above at construction; never set directly.
     limits: Limits = field(init=False, repr=False, compare=False)
     mount_specs: Mapping[str, MountSpec] = field(init=False, repr=False, compare=False)

@@ -96,6 +96,7 @@ class KernelFactory:
             self.runtime,
             policy_for=functools.partial(self.policy, tmp_size_bytes=FONT_BUILD_TMP_BYTES),
             bwrap=self.bwrap,
+            build_on_first_seed=settings.font_list_build,
         )
 
     async def prepare(self) -> None:

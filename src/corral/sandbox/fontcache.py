@@ -71,12 +71,14 @@ class FontCache:
         policy_for: PolicyFor,
         bwrap: str,
         font_dirs: tuple[Path, ...] = FONT_DIRS,
+        build_on_first_seed: bool = True,
     ) -> None:
         self.cache_dir = cache_dir
         self.runtime = runtime
         self.policy_for = policy_for
         self.bwrap = bwrap
         self.font_dirs = font_dirs
+        self.build_on_first_seed = build_on_first_seed
         self.ready: Path | None = None
         self._task: asyncio.Task[Path | None] | None = None
         self._lock = threading.Lock()
@@ -86,9 +88,10 @@ class FontCache:
     def seed(self) -> Path | None:
         """The font list to copy into a new prefix, or None while there is none.
 
-        The first call without one (on the event loop) starts the build in the background.
+        The first call without one (on the event loop) starts the build in the background,
+        unless `build_on_first_seed` is off (then only `wait_ready` builds).
         """
-        if self.ready is None:
+        if self.ready is None and self.build_on_first_seed:
             self._start()
         return self.ready
 
