@@ -420,12 +420,19 @@ async def test_concurrent_sessions_get_every_result_in_order_and_leak_nothing(
 
 ORDER_SESSIONS = 4
 ORDER_CALLS = 8
-ORDER_FIRST_SLEEP_S = 1.0  # holds the session while the other calls are submitted
-ORDER_STAGGER_S = 0.1  # between submissions, so that their arrival order is known
 
 
 def _order_code(tag: str, sleep_s: float) -> str:
     return f'n += 1\nimport time\ntime.sleep({sleep_s})\nprint(f"{{me}}|{{n}}|{tag}")\n'
+
+
+# The first staggered call holds the session until the test has seen every other call
+# queued behind it and writes this file (bounded: it gives up after a minute).
+HOLD_CODE = (
+    "n += 1\nimport os, time\nfor _ in range(6000):\n"
+    "    if os.path.exists('go'): break\n    time.sleep(0.01)\n"
+    'print(f"{me}|{n}|s0")\n'
+)
 
 
 def _counter(stdout: str) -> int:
@@ -433,14 +440,27 @@ def _counter(stdout: str) -> int:
 
 
 async def _submit_staggered(http: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
-    """ORDER_CALLS executions, each sent ORDER_STAGGER_S after the one before, the first
-    holding the session long enough that every other one waits its turn."""
+    """ORDER_CALLS executions, each sent once the one before is seen waiting in the session's
+    queue (the first holds the session meanwhile), so their arrival order is known."""
     calls = []
     for k in range(ORDER_CALLS):
-        code = _order_code(f"s{k}", ORDER_FIRST_SLEEP_S if k == 0 else 0.0)
+        code = HOLD_CODE if k == 0 else _order_code(f"s{k}", 0.0)
         calls.append(asyncio.ensure_future(_execute(http, sid, code)))
-        await asyncio.sleep(ORDER_STAGGER_S)
+        await _until_queued(http, sid, k)
+    response = await http.put(f"/v1/sessions/{sid}/files/content?path=go", content=b"")
+    assert response.status_code in (200, 201), response.text
     return list(await asyncio.gather(*calls))
+
+
+async def _until_queued(http: httpx.AsyncClient, sid: str, waiting: int) -> None:
+    """Until the session is busy with `waiting` calls behind the running one."""
+    deadline = time.monotonic() + 30
+    while True:
+        info = (await http.get(f"/v1/sessions/{sid}")).json()
+        if info["state"] == "busy" and info["queued"] == waiting:
+            return
+        assert time.monotonic() < deadline, f"{sid}: never saw {waiting} queued: {info}"
+        await asyncio.sleep(0.01)
 
 
 async def _submit_burst(http: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
@@ -491,7 +511,7 @@ async def test_executions_submitted_together_run_in_arrival_order_without_loss(
         counters = [_counter(result["stdout"]) for result in results]
         if counters != list(range(1, ORDER_CALLS + 1)):
             problems.append(f"{sid}: staggered calls ran as {counters}, not as submitted")
-        if results[1]["queued_s"] <= ORDER_STAGGER_S:
+        if results[1]["queued_s"] <= 0:
             problems.append(f"{sid}: the second call did not wait ({results[1]['queued_s']} s)")
     tags = [f"b{k}" for k in range(ORDER_CALLS)]
     for sid, results in zip(ids, burst, strict=True):

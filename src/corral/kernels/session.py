@@ -8,8 +8,10 @@ here, at the edge of every call that names them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,7 @@ class SessionInfo:
     workspace: Path
     mounts: tuple[str, ...] = ()
     from_pool: bool = False  # its python kernel came ready from the warm pool
+    queued: int = 0  # executions waiting for the one running to end
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +73,7 @@ class SessionInfo:
             "kernels": list(self.kernels),
             "mounts": list(self.mounts),
             "from_pool": self.from_pool,
+            "queued": self.queued,
         }
 
 
@@ -93,6 +97,21 @@ class Session:
         self.lost: set[str] = set()  # languages whose kernel died since the last call
         self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
         self.from_pool = False
+        self.waiting = 0  # executions queued behind `lock`
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Wait for this session's turn (first come, first served) and hold it for the block;
+        `waiting` counts the calls still waiting meanwhile."""
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     @property
     def id(self) -> str:
@@ -126,4 +145,5 @@ class Session:
             workspace=self.paths.workspace,
             mounts=tuple(self.options.get("mounts", ())),
             from_pool=self.from_pool,
+            queued=self.waiting,
         )

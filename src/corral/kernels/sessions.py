@@ -181,7 +181,7 @@ class SessionManager:
         language = validate_language(language)
         session = self.session_for(session_id)
         queued = time.monotonic()
-        async with session.lock:
+        async with session.turn():
             if self.closing:
                 raise ShuttingDown(
                     "the server is shutting down and did not run this code; send it again "

@@ -58,6 +58,9 @@ class SessionModel(BaseModel):
     from_pool: bool = Field(
         description="Its python kernel was taken ready from the warm pool (no cold start)."
     )
+    queued: int = Field(
+        ge=0, description="Executions waiting in the session's queue behind the running one."
+    )
 
 
 class SessionList(BaseModel):
