@@ -260,6 +260,12 @@ def test_no_cgroup_tree_means_rlimits(tmp_path: Path) -> None:
     assert found.advice is not None and "Delegate=yes" in found.advice
 
 
+def test_forcing_the_detected_mechanism_still_says_forced(tmp_path: Path) -> None:
+    forced = choose_mechanism("rlimit", tmp_path)  # no cgroup tree: rlimit is also detected
+    assert forced.name == "rlimit"
+    assert forced.detail == "per-process rlimits and a watchdog (forced)"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroup v1 is chosen only for root")
 def test_v1_controllers_as_root_mean_cgroup1(tmp_path: Path) -> None:
     for controller in ("memory", "pids", "cpu", "freezer"):

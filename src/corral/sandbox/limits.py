@@ -143,8 +143,10 @@ def detect_mechanism(cgroup_root: Path = CGROUP_ROOT) -> LimitMechanism:
 def choose_mechanism(forced: str, cgroup_root: Path = CGROUP_ROOT) -> LimitMechanism:
     """The detected mechanism, or the rlimit fallback when the operator forces it."""
     detected = detect_mechanism(cgroup_root)
-    if forced in ("", "auto", detected.name):
+    if forced in ("", "auto"):
         return detected
+    if forced == detected.name:  # still the operator's choice: doctor says so
+        return replace(detected, detail=f"{detected.detail} (forced)")
     if forced == "rlimit":
         return LimitMechanism("rlimit", "per-process rlimits and a watchdog (forced)", None)
     if forced not in MECHANISMS:
