@@ -25,7 +25,12 @@ from corral.errors import KernelStartFailed
 from corral.sandbox.boxes import GATE_ARGV, LimitBox
 from corral.sandbox.bwrap import build_argv
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
-from corral.sandbox.profile import PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL
+from corral.sandbox.profile import (
+    BASH_KERNEL,
+    PYTHON_KERNEL,
+    SANDBOX_BASH_KERNEL,
+    SANDBOX_PYTHON_KERNEL,
+)
 from corral.sandbox.seccomp import filter_fd
 
 PROVISIONER_NAME = "corral-sandbox"
@@ -44,7 +49,7 @@ def kernel_spec(
     if language == "python":
         entry = [SANDBOX_PYTHON_KERNEL if sandboxed else str(PYTHON_KERNEL)]
     else:
-        entry = ["-m", "bash_kernel"]
+        entry = [SANDBOX_BASH_KERNEL if sandboxed else str(BASH_KERNEL)]
     spec = KernelSpec(
         argv=[*(launcher or []), python, *entry, "-f", "{connection_file}"],
         display_name=f"corral {language}",
