@@ -6,6 +6,9 @@ UV := $(BOOT)/bin/uv
 UV_VERSION := 0.13.8
 STAMP := $(VENV)/.corral-installed
 export UV_PYTHON_DOWNLOADS := never
+# Trust what the system trusts (a TLS-intercepting proxy's CA included), as pip and curl do;
+# uv also honours HTTP(S)_PROXY, ALL_PROXY and NO_PROXY by itself.
+export UV_SYSTEM_CERTS := 1
 
 .PHONY: serve test check lint typecheck pytest bench lock clean
 

@@ -318,6 +318,18 @@ def test_shares_the_database_file_with_the_session_store(db_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.parametrize("state", ["starting", "idle", "busy"])
+def test_the_store_keeps_running_not_a_live_state(db_path: Path, state: str) -> None:
+    """busy or idle is the server's to say: stored, it would be stale at the next call."""
+    store = Store(db_path)
+    try:
+        store.put(SessionRecord("s1", 1.0, 1.0, state))
+        store.put(SessionRecord("s2", 1.0, 1.0, "stopped"))
+        assert [(r.id, r.state) for r in store.all()] == [("s1", "running"), ("s2", "stopped")]
+    finally:
+        store.close()
+
+
 def test_concurrent_writers_from_threads_all_land(audit: AuditLog) -> None:
     ids: list[int] = []
     lock = threading.Lock()

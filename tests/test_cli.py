@@ -47,6 +47,21 @@ def test_run_exit_code_reflects_an_error(cli) -> None:  # type: ignore[no-untype
     assert "KeyError" in done.stderr
 
 
+def test_run_bash_that_exits_prints_its_output_and_fails(cli) -> None:  # type: ignore[no-untyped-def]
+    done = cli("run", "-l", "bash", "echo hi; exit 3")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "hi\n"
+    assert "bash exited with status 3" in done.stderr
+    assert "Restarting" not in done.stdout + done.stderr
+
+
+def test_run_bash_failure_says_its_exit_status(cli) -> None:  # type: ignore[no-untyped-def]
+    done = cli("run", "-l", "bash", "ls /nonexistent")
+    assert done.returncode == 1
+    assert "exit status 2" in done.stderr
+    assert ": 2" not in done.stdout + done.stderr
+
+
 def test_run_exit_code_reflects_a_timeout(cli) -> None:  # type: ignore[no-untyped-def]
     done = cli("run", "--timeout", "1", "import time; time.sleep(30)")
     assert done.returncode == 3

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import uvicorn
 
@@ -1333,17 +1334,25 @@ async def test_sandbox_user_is_no_more_than_the_server_user_outside(host: Host) 
     """One uid is mapped: the sandbox's 1000 is the server's own uid outside, nothing else.
     Under a root server that is host uid 0 without any capability; what uid 0 could still do
     by file mode alone (sysctls, /proc/sysrq-trigger) is closed by a read-only, masked /proc
-    (see test_write_global_kernel_settings_through_proc_sys)."""
-    maps = await py(
+    (see test_write_global_kernel_settings_through_proc_sys).
+
+    A map's outside ids are relative to the reader's namespace: read inside, they are ids of
+    the parent namespace, which an unprivileged bwrap makes as an intermediate step (its 0 is
+    the server's uid). So the maps are read from the host, where outside means the host."""
+    uid, euid, namespace = await py(
         host,
         "import json, os\n"
-        "print(json.dumps([open('/proc/self/uid_map').read(), open('/proc/self/gid_map').read(),"
-        " os.getuid(), os.geteuid()]))",
+        "print(json.dumps([os.getuid(), os.geteuid(), os.readlink('/proc/self/ns/user')]))",
     )
-    uid_map, gid_map, uid, euid = maps
     assert (uid, euid) == (1000, 1000)
-    assert [line.split() for line in uid_map.splitlines()] == [["1000", str(os.getuid()), "1"]]
-    assert [line.split() for line in gid_map.splitlines()] == [["1000", str(os.getgid()), "1"]]
+    kernel = host.service.sessions.sessions[A].kernels["python"].pid
+    assert kernel is not None
+    tree = [kernel, *(p.pid for p in psutil.Process(kernel).children(recursive=True))]
+    inside = [pid for pid in tree if os.readlink(f"/proc/{pid}/ns/user") == namespace]
+    assert inside, f"no process of the kernel's tree {tree} is in its namespace {namespace}"
+    for kind, outside in (("uid", os.getuid()), ("gid", os.getgid())):
+        lines = Path(f"/proc/{inside[0]}/{kind}_map").read_text().splitlines()
+        assert [line.split() for line in lines] == [["1000", str(outside), "1"]], kind
 
 
 async def test_use_capabilities(host: Host) -> None:

@@ -451,7 +451,9 @@ def xfs(base: Path) -> Iterator[Path]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (to mount a loop device)")
-    if shutil.which("mkfs.xfs") is None:
+    # sbin is usually off a user's PATH, and root's may lack it too (runuser, cron).
+    mkfs = shutil.which("mkfs.xfs", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    if mkfs is None:
         missing.append("mkfs.xfs (xfsprogs is not installed)")
     if not Path("/dev/loop-control").exists():
         missing.append("/dev/loop-control")
@@ -460,7 +462,7 @@ def xfs(base: Path) -> Iterator[Path]:
     image = base / "xfs.img"
     with image.open("wb") as handle:
         handle.truncate(300 * 1024 * 1024)
-    subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], check=True)
+    subprocess.run([mkfs, "-q", "-m", "reflink=1", str(image)], check=True)
     mount_point = base / "xfs"
     mount_point.mkdir()
     with mounted(mount_point, ["-o", "loop", str(image)], "a loop image") as point:

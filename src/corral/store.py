@@ -103,6 +103,16 @@ def open_database(path: Path, schema: str, what: str) -> sqlite3.Connection:
     return db
 
 
+# A live session's state (starting, idle, busy) changes behind the store between writes;
+# only the running server knows it. The store keeps whether the session was last running.
+_LIVE_STATES = frozenset({"starting", "idle", "busy"})
+
+
+def stored_state(state: str) -> str:
+    """'running' for any live state; 'stopped' and 'failed' as they are."""
+    return "running" if state in _LIVE_STATES else state
+
+
 class Store:
     """Session records in `path`; safe to share between threads of one process."""
 
@@ -110,11 +120,12 @@ class Store:
         self._db = open_database(path, _SCHEMA, "the session database")
 
     def put(self, record: SessionRecord) -> None:
+        """Store `record`; its state as what outlives the moment (see `stored_state`)."""
         self._write(
             "INSERT INTO sessions(id, created_at, last_used_at, state) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET last_used_at=excluded.last_used_at, "
             "state=excluded.state",
-            (record.id, record.created_at, record.last_used_at, record.state),
+            (record.id, record.created_at, record.last_used_at, stored_state(record.state)),
         )
 
     def delete(self, session_id: str) -> None:

@@ -71,6 +71,27 @@ async def test_bash_failure_is_an_error_result(sandbox: Service) -> None:
     assert "No such file" in result.stdout + result.stderr
 
 
+async def test_a_failed_bash_command_says_its_exit_status(sandbox: Service) -> None:
+    result = await sandbox.execute("ls /nonexistent", session_id="probe", language="bash")
+    assert result.status == "error"
+    assert result.error is not None
+    assert (result.error.ename, result.error.evalue) == ("exit status", "2")
+    assert result.error.traceback == ["exit status 2"]
+
+
+async def test_bash_exiting_is_an_error_with_its_status_and_a_new_bash(service: Service) -> None:
+    await service.create_session("exits")
+    result = await service.execute("echo hi; exit 3", session_id="exits", language="bash")
+    assert result.status == "error", result.text()
+    assert result.error is not None and result.error.evalue == "3"
+    assert result.stdout == "hi\n"
+    assert "Restarting" not in result.text()
+    assert result.error.traceback == ["bash exited with status 3; a new bash was started"]
+    # A line `exit` the user prints is kept: only bash's own, when it ends, is dropped.
+    after = await service.execute("echo again; echo exit", session_id="exits", language="bash")
+    assert (after.status, after.stdout) == ("ok", "again\nexit\n")
+
+
 async def test_flood_of_100_mb_is_cut_and_the_kernel_survives(service: Service) -> None:
     await service.create_session("flood")
     code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"

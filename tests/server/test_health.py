@@ -19,6 +19,14 @@ def test_health_reports_version_and_ok(server: RunningServer) -> None:
     assert body["version"]
 
 
+def test_health_is_ok_without_a_browser(server_settings: Settings, tmp_path: Path) -> None:
+    """No Chromium (a user whose administrator has not installed it): only the fetch fails."""
+    with variant_server(server_settings, browser_chromium=str(tmp_path / "no-chromium")) as running:
+        health = httpx.get(f"{running.base_url}/health")
+        assert health.status_code == 200, health.text
+        assert health.json()["status"] == "ok"
+
+
 def test_health_is_503_with_the_reason_when_sandboxes_cannot_start(
     server_settings: Settings, tmp_path: Path
 ) -> None:

@@ -2,7 +2,8 @@
 
 scripts/install-mcp-inspector puts a pinned Inspector into .cache/mcp-inspector; the fixture
 runs it first (a no-op once installed), so a clean clone needs only node and npm. The tests
-skip only when node is missing.
+skip only when node is missing, or when the Inspector is not installed and npm's registry
+cannot be reached at all.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import RunningServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install-mcp-inspector"
 INSPECTOR = ROOT / ".cache" / "mcp-inspector" / "node_modules" / ".bin" / "mcp-inspector"
+REGISTRY_UNREACHABLE = 3  # install-mcp-inspector's exit code when npm's registry is unreachable
 EXIT_TOOL_ERROR = 5  # the Inspector CLI's exit code for a result with isError: true
 
 pytestmark = [
@@ -42,6 +44,8 @@ def inspector() -> Path:
         timeout=280,
         check=False,
     )
+    if installed.returncode == REGISTRY_UNREACHABLE:
+        pytest.skip(f"the MCP Inspector is not installed and {installed.stderr.strip()}")
     if installed.returncode != 0 or not INSPECTOR.exists():
         pytest.fail(f"{INSTALL.name} failed:\n{installed.stdout}\n{installed.stderr}")
     return INSPECTOR
@@ -136,3 +140,22 @@ def test_the_inspector_sees_a_refused_path_as_a_tool_error(
     result = output_of(done)
     assert result["isError"] is True
     assert "refused" in result["content"][0]["text"]
+
+
+def test_an_unreachable_registry_is_said_at_once(tmp_path: Path) -> None:
+    """Not installed and no registry: exit 3 naming the registry (the fixture then skips),
+    not a failure after npm's retries."""
+    registry = f"https://127.0.0.1:{free_port()}/"  # nothing listens there
+    env = {**os.environ, "HOME": str(tmp_path), "npm_config_registry": registry}
+    done = subprocess.run(
+        ["bash", str(INSTALL), str(tmp_path / "inspector")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == REGISTRY_UNREACHABLE, done.stderr
+    assert f"the npm registry cannot be reached (request to {registry}-/ping" in done.stderr
+    assert not (tmp_path / "inspector").exists()

@@ -24,7 +24,12 @@ from corral.errors import AdmissionFailed, KernelStartFailed
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
-from corral.sandbox.profile import PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL
+from corral.sandbox.profile import (
+    BASH_KERNEL,
+    PYTHON_KERNEL,
+    SANDBOX_BASH_KERNEL,
+    SANDBOX_PYTHON_KERNEL,
+)
 
 PROVISIONER_NAME = "corral-sandbox"
 SOCKET_PREFIX = "k"
@@ -42,7 +47,7 @@ def kernel_spec(
     if language == "python":
         entry = [SANDBOX_PYTHON_KERNEL if sandboxed else str(PYTHON_KERNEL)]
     else:
-        entry = ["-m", "bash_kernel"]
+        entry = [SANDBOX_BASH_KERNEL if sandboxed else str(BASH_KERNEL)]
     spec = KernelSpec(
         argv=[*(launcher or []), python, *entry, "-f", "{connection_file}"],
         display_name=f"corral {language}",

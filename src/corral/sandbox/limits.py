@@ -145,7 +145,7 @@ def choose_mechanism(forced: str, cgroup_root: Path = CGROUP_ROOT) -> LimitMecha
     detected = detect_mechanism(cgroup_root)
     if forced in ("", "auto"):
         return detected
-    if forced == detected.name:
+    if forced == detected.name:  # still the operator's choice: doctor says so
         return replace(detected, detail=f"{detected.detail} (forced)")
     if forced == "rlimit":
         return LimitMechanism("rlimit", "per-process rlimits and a watchdog (forced)", None)

@@ -99,6 +99,7 @@ def default_policy(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
             Bind(PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL),
+            Bind(BASH_KERNEL, SANDBOX_BASH_KERNEL),
             *_egress_binds(egress_socket),
             *extra_binds,
         ),
@@ -135,6 +136,8 @@ SANDBOX_EGRESS_SOCKET = f"{SANDBOX_EGRESS_DIR}/{EGRESS_SOCKET_NAME}"
 SANDBOX_FORWARDER = "/opt/corral/bin/forwarder.py"
 SANDBOX_PYTHON_KERNEL = "/opt/corral/bin/python_kernel.py"
 PYTHON_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "python_kernel.py"
+SANDBOX_BASH_KERNEL = "/opt/corral/bin/bash_entry.py"
+BASH_KERNEL = PYTHON_KERNEL.with_name("bash_entry.py")
 FORWARDER = Path(forwarder_module.__file__).resolve()
 _HTTP_PROXY = f"http://127.0.0.1:{forwarder_module.HTTP_PORT}"
 _SOCKS_PROXY = f"socks5h://127.0.0.1:{forwarder_module.SOCKS_PORT}"

@@ -40,6 +40,11 @@ from corral.tokens import Tokens
 log = logging.getLogger(__name__)
 
 
+# Checks whose failure leaves every route but one working: the browser fetch says why itself
+# (a user whose administrator has not installed Chromium still has a healthy server).
+OPTIONAL = frozenset({"browser"})
+
+
 @dataclass
 class Health:
     """What /health reports: the doctor's failures at start, and the last kernel start failure."""
@@ -48,7 +53,7 @@ class Health:
 
     async def refresh(self, settings: Settings) -> None:
         checks = await asyncio.to_thread(run_checks, settings)
-        self.failures = {c.name: c.detail for c in checks if not c.ok}
+        self.failures = {c.name: c.detail for c in checks if not c.ok and c.name not in OPTIONAL}
 
 
 def build_app(
