@@ -97,7 +97,7 @@ async def test_a_second_service_on_an_owned_state_is_refused_and_resets_nothing(
                 pass
         assert owner.get_session("held").state != "stopped"
         stored = Store(settings.db_path)
-        assert [record.state for record in stored.all()] == ["idle"]
+        assert [record.state for record in stored.all()] == ["running"]
         stored.close()
         result = await owner.execute("print('still mine')", session_id="held")
         assert result.stdout == "still mine\n"

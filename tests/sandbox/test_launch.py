@@ -41,10 +41,11 @@ WAIT_S = 30.0
 
 
 @pytest.fixture
-async def factory(settings: Settings) -> KernelFactory:
+async def factory(settings: Settings) -> AsyncIterator[KernelFactory]:
     made = KernelFactory(replace(settings, workspace_bytes=WORKSPACE_BYTES))
     await made.prepare()
-    return made
+    yield made
+    made.close()  # its janitor leaves
 
 
 @pytest.fixture

@@ -79,14 +79,18 @@ class SessionManager:
     async def open(self) -> None:
         """Load stored sessions (all stopped now) and start the idle reaper."""
         await self.factory.prepare()
-        self.settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.store.mark_all_stopped()
-        options = self.store.options()
-        for record in self.store.all():
-            record.state = "stopped"
-            self.sessions[record.id] = self._session(record, options.get(record.id, {}))
+        try:
+            self.settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.store.mark_all_stopped()
+            options = self.store.options()
+            for record in self.store.all():
+                record.state = "stopped"
+                self.sessions[record.id] = self._session(record, options.get(record.id, {}))
+            await self.warm.open()
+        except BaseException:
+            self.factory.close()  # its janitor leaves: nothing was started yet
+            raise
         self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
-        await self.warm.open()
 
     async def close(self) -> None:
         """Stop every kernel; workspaces and records stay."""

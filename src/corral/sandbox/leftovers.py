@@ -76,6 +76,8 @@ def _holds_open(pid: int, prefix: str) -> bool:
 
 # The janitor's whole program: wait for the server's end, then sweep a few times (a
 # sandbox being set up when the server died is orphaned a moment later, by bwrap).
+JANITOR_EXIT_S = 5.0  # how long a janitor told goodbye may take to leave
+
 _JANITOR = """
 import os, sys, time
 from pathlib import Path
@@ -122,5 +124,8 @@ class Janitor:
             os.write(self._write, b"closed")
         with contextlib.suppress(OSError):
             os.close(self._write)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
+        try:
+            self.process.wait(timeout=JANITOR_EXIT_S)
+        except subprocess.TimeoutExpired:  # not even started yet on a very busy host
+            self.process.kill()
+            self.process.wait()
