@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -37,6 +39,7 @@ from corral.kernels.sessions import (
 )
 from corral.owner import StateLock
 from corral.skills import PUBLIC_DIR, user_dir
+from corral.skills.archive import unpack_skill_zip
 from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
 from corral.store import NetRequest
 
@@ -297,6 +300,19 @@ class Service:
         """A skill's file as UTF-8 text (`InvalidInput` when it is not), for the agent."""
         return await asyncio.to_thread(self.skills.text_file, name, filename)
 
+    async def add_skill(self, archive_name: str, data: bytes) -> Path:
+        """Unpack a skill archive (the operator's) into the user's skills, with every check
+        of `unpack_skill_zip`; returns the skill's folder. Raises `ArchiveRefused`."""
+        folder = user_dir(self.settings.config_dir)
+        added = await asyncio.to_thread(_unpack_skill, data, archive_name, folder)
+        self._audit(
+            "an admin",
+            lambda: self.audit.record_admin(
+                "add_skill", added.name, detail={"archive": archive_name}
+            ),
+        )
+        return added
+
     # -- browser -----------------------------------------------------------------------------
 
     async def fetch_page(
@@ -422,3 +438,11 @@ def _write_audit(what: str, write: Callable[[], object]) -> None:
         write()
     except CorralError:
         log.exception("the audit log refused %s record", what)
+
+
+def _unpack_skill(data: bytes, archive_name: str, folder: Path) -> Path:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="corral-skill-") as tmp:
+        archive = Path(tmp) / archive_name
+        archive.write_bytes(data)
+        return unpack_skill_zip(archive, folder)

@@ -8,10 +8,7 @@ edge (`corral.server.errors`).
 
 from __future__ import annotations
 
-import asyncio
 import re
-import tempfile
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -20,8 +17,6 @@ from starlette.routing import Route
 
 from corral.errors import InvalidInput
 from corral.server.rest import service_of
-from corral.skills import user_dir
-from corral.skills.archive import unpack_skill_zip
 
 ARCHIVE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,123}\.zip")
 
@@ -42,18 +37,8 @@ async def add_skill(request: Request) -> Response:
     name = request.query_params.get("name", "skill.zip")
     if not ARCHIVE_NAME.fullmatch(name):
         raise InvalidInput(f"{name!r} is not a skill archive's file name (NAME.zip)")
-    data = await request.body()
-    folder = user_dir(service_of(request).settings.config_dir)
-    added = await asyncio.to_thread(_unpack, data, name, folder)
+    added = await service_of(request).add_skill(name, await request.body())
     return JSONResponse(SkillAdded(name=added.name, path=str(added)).model_dump(), status_code=201)
-
-
-def _unpack(data: bytes, name: str, folder: Path) -> Path:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="corral-skill-") as tmp:
-        archive = Path(tmp) / name
-        archive.write_bytes(data)
-        return unpack_skill_zip(archive, folder)
 
 
 ROUTES = [
