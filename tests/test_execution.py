@@ -133,3 +133,25 @@ async def test_a_failure_nobody_awaited_is_not_logged_as_unhandled(
         gc.collect()
         await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text
+
+
+async def test_recent_text_takes_the_text_since_the_last_look_and_leaves_the_end_visible() -> None:
+    # The polling read of MCP's progress notes: text since the last look, other events
+    # passed over, at most the last max_chars, and the end still seen by events().
+    call = StandIn(
+        [
+            ("stream", {"name": "stdout", "text": "one "}),
+            ("display_data", {"data": {"text/plain": "x"}}),
+            ("stream", {"name": "stderr", "text": "two"}),
+        ]
+    )
+    execution = Execution(call.run, call.cancel, keep_events=True)
+    await call.sent.wait()
+    assert execution.recent_text(100) == "one two"
+    assert execution.recent_text(100) == ""
+    assert call.hook is not None
+    await call.hook("stream", {"name": "stdout", "text": "three"})
+    call.release.set()
+    await execution.result()
+    assert execution.recent_text(3) == "ree"
+    assert [event async for event in execution.events()] == []

@@ -110,6 +110,20 @@ class Execution:
         finally:
             self._reading = False
 
+    def recent_text(self, max_chars: int) -> str:
+        """The stdout and stderr text that arrived since the last call, at most its last
+        `max_chars`, without waiting: for a reader that looks now and then (MCP's progress
+        notes) instead of following `events()`. Other events are passed over."""
+        parts: list[str] = []
+        while not self._events.empty():
+            event = self._events.get_nowait()
+            if event is None:
+                self._events.put_nowait(None)  # the end stays visible to `events()`
+                break
+            if event.kind in ("stdout", "stderr"):
+                parts.append(event.text)
+        return "".join(parts)[-max_chars:]
+
     async def result(self) -> ExecutionResult:
         """The result once the code ends; raises what the call raised before running
         (`corral.errors`), or `CancelledError` for a call `cancel()` dropped from the queue.
