@@ -630,7 +630,12 @@ async def test_stopping_a_session_removes_its_box_and_every_process(limited: Ser
     session = limited.sessions.sessions["lim-gone"]
     assert session.box is None and session.run is None
     assert [path for path in dirs if path.exists()] == []
-    assert [pid for pid in sandbox if _running(pid)] == []
+    # The sandbox's processes die with its pid namespace, which the kernel tears down after
+    # the stop returns: wait for that state, bounded.
+    deadline = time.monotonic() + 30
+    while (left := [pid for pid in sandbox if _running(pid)]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert left == []
 
 
 def _running(pid: int) -> bool:

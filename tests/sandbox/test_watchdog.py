@@ -94,7 +94,9 @@ def test_a_sample_shows_threads_and_resident_memory(
     found = watchdog.sample(child)
     assert found is not None and found.threads == 1
     assert found.rss_bytes >= 64 * MIB
-    assert 64 * MIB <= watchdog.pss_bytes(child) <= found.rss_bytes
+    # PSS is the process's share of what is resident: above zero, at most its RSS (the host
+    # may page some of it out or share it, so not necessarily all 64 MiB).
+    assert 0 < watchdog.pss_bytes(child) <= found.rss_bytes
     assert watchdog.sample(2**22 + 7) is None  # above pid_max's default: no such process
 
 
