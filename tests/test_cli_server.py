@@ -26,6 +26,7 @@ from mcp.types import TextContent
 from corral.owner import LOCK_NAME, RUNTIME_NAME, find_server
 from tests.endurance.served import Served, alive, served
 from tests.server.conftest import free_port
+from tests.server.test_mcp import INITIALIZE
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.timeout(300)]
 
@@ -179,16 +180,6 @@ async def test_mcp_stdio_beside_a_server_sees_its_sessions_and_variables(
 
 def relay_answers_and_ends_with_stdin(server: Served) -> int:
     """`corral mcp-stdio` answers one initialize, then exits once its stdin closes."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "corral-tests", "version": "0"},
-        },
-    }
     with subprocess.Popen(
         [sys.executable, "-m", "corral", "mcp-stdio"],
         env=server.env,
@@ -198,7 +189,7 @@ def relay_answers_and_ends_with_stdin(server: Served) -> int:
     ) as relay:
         assert relay.stdin is not None and relay.stdout is not None
         try:
-            relay.stdin.write(json.dumps(initialize) + "\n")
+            relay.stdin.write(json.dumps(INITIALIZE) + "\n")
             relay.stdin.flush()
             answer = json.loads(relay.stdout.readline())
             assert answer["result"]["serverInfo"]["name"] == "corral", answer
