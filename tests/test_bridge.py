@@ -190,9 +190,10 @@ async def ask_identities(stream: Stream) -> bytes:
 
 
 async def read_to_eof(reader: asyncio.StreamReader, timeout_s: float = IO_S) -> bytes:
-    """Everything until the far side closes (a reset counts as a close)."""
+    """Everything until the far side closes. A reset counts as a close, and so does a broken
+    pipe: a write the bridge cut off ends the connection's reader with that error."""
     data = bytearray()
-    with contextlib.suppress(ConnectionResetError):
+    with contextlib.suppress(ConnectionError):
         while chunk := await asyncio.wait_for(reader.read(65536), timeout_s):
             data += chunk
     return bytes(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import os
 import resource
@@ -241,9 +242,10 @@ async def read_response(reader: asyncio.StreamReader) -> Response:
 
 
 async def read_to_eof(reader: asyncio.StreamReader, timeout_s: float = IO_S) -> bytes:
-    """Everything until the proxy closes (a reset after the data counts as a close)."""
+    """Everything until the proxy closes (a reset or a broken pipe after the data counts as
+    a close: a write the proxy cut off ends the reader with that error)."""
     data = bytearray()
-    with contextlib.suppress(ConnectionResetError):
+    with contextlib.suppress(ConnectionError):
         while chunk := await asyncio.wait_for(reader.read(65536), timeout_s):
             data += chunk
     return bytes(data)
@@ -922,7 +924,7 @@ async def test_revoke_while_resolving_or_dialling_carries_no_data(
         writer.write(b"after the revoke")
         with contextlib.suppress(ConnectionError):
             await writer.drain()
-        with contextlib.suppress(ConnectionResetError):
+        with contextlib.suppress(ConnectionError):
             assert await asyncio.wait_for(reader.read(100), IO_S) == b""
     assert bytes(up.received) == b""
 
@@ -1009,3 +1011,28 @@ async def test_closing_the_proxy_cuts_tunnels_and_removes_sockets(
     assert not h.paths[SID].exists()
     with pytest.raises(OSError):
         await asyncio.open_unix_connection(str(h.paths[SID]))
+
+
+def _servers_listening_at(path: Path) -> list[asyncio.Server]:
+    """Every asyncio server in this process still serving on the unix socket `path`."""
+    gc.collect()
+    return [
+        server
+        for server in gc.get_objects()
+        if isinstance(server, asyncio.base_events.Server)
+        and server.is_serving()
+        and any(sock.getsockname() == str(path) for sock in server.sockets)
+    ]
+
+
+async def test_opening_one_session_twice_at_once_leaves_one_listener(
+    start: Any, tmp_path: Path
+) -> None:
+    # A session's python and bash kernels start together and each asks for the socket: the
+    # second open must not start a listener of its own that nothing will ever close.
+    h = await start({})
+    path = tmp_path / "twice.sock"
+    await asyncio.gather(h.proxy.open(SID, path), h.proxy.open(SID, path))
+    assert len(_servers_listening_at(path)) == 1
+    await h.proxy.close(SID)
+    assert _servers_listening_at(path) == []

@@ -113,6 +113,9 @@ class EgressProxy:
         self.resolver = resolver
         self.limits = limits or ProxyLimits()
         self.sessions: dict[str, SessionEgress] = {}
+        # A session's kernels start together and each asks for its socket: one open at a
+        # time, or the second would bind a listener of its own that nothing ever closes.
+        self._opening = asyncio.Lock()
 
     async def open(self, session_id: str, socket_path: Path) -> None:
         """Listen on `socket_path` for `session_id`.
@@ -121,6 +124,10 @@ class EgressProxy:
         one it listens on (removed by a clean-up of the run root, say), it listens again at
         the same path, keeping the session's counters and open tunnels.
         """
+        async with self._opening:
+            await self._open(session_id, socket_path)
+
+    async def _open(self, session_id: str, socket_path: Path) -> None:
         egress = self.sessions.get(session_id)
         if egress is not None and egress.socket_path == socket_path and egress.listening:
             return
@@ -165,10 +172,11 @@ class EgressProxy:
         clients see the connection end). Returns how many tunnels were cut.
         """
         cut = 0
-        for egress in list(self.sessions.values()):
-            cut += len(egress.tunnels)
-            self._stop(egress)
-            await self._listen(egress)
+        async with self._opening:
+            for egress in list(self.sessions.values()):
+                cut += len(egress.tunnels)
+                self._stop(egress)
+                await self._listen(egress)
         return cut
 
     async def _listen(self, egress: SessionEgress) -> None:
