@@ -245,3 +245,75 @@ async def test_sessions_run_in_parallel(service: Service) -> None:
     (start1, end1), (start2, end2) = (ast.literal_eval(r.results[0]["text/plain"]) for r in results)
     # The two executions overlapped in time: neither waited for the other to finish.
     assert start1 < end2 and start2 < end1
+
+
+# The kernel's control thread made slow: an interrupt request is acted on (SIGINT raised,
+# then the reply sent) a second after it arrives, as on a host too busy to schedule it.
+SLOW_INTERRUPTS = (
+    "import time as _time\n"
+    "_kernel = get_ipython().kernel\n"
+    "_handle = _kernel.control_handlers['interrupt_request']\n"
+    "def _slow(*args):\n"
+    "    _time.sleep(1.0)\n"
+    "    return _handle(*args)\n"
+    "_kernel.control_handlers['interrupt_request'] = _slow\n"
+)
+NEXT_CALL = "import time\ntime.sleep(2)\nprint('next')"
+
+
+async def test_a_late_flood_interrupt_never_lands_in_the_next_call(service: Service) -> None:
+    await service.create_session("late-flood")
+    assert (await service.execute(SLOW_INTERRUPTS, session_id="late-flood")).status == "ok"
+    # Done before the kernel acts on the interrupt the cut sends.
+    flood = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * 100_000)\n"
+    flooded = await service.execute(flood, session_id="late-flood")
+    assert flooded.limit == "output", flooded.text()
+    after = await service.execute(NEXT_CALL, session_id="late-flood")
+    assert (after.status, after.stdout) == ("ok", "next\n"), after.text()
+
+
+async def test_a_late_cancel_interrupt_never_lands_in_the_next_call(service: Service) -> None:
+    await service.create_session("late-cancel")
+    assert (await service.execute(SLOW_INTERRUPTS, session_id="late-cancel")).status == "ok"
+    code = "import time\nprint('started', flush=True)\ntime.sleep(0.3)"
+    execution = service.start_execution(code, session_id="late-cancel", keep_events=True)
+    async for event in execution.events():
+        if event.text == "started\n":
+            break
+    await execution.cancel()
+    await execution.result()
+    after = await service.execute(NEXT_CALL, session_id="late-cancel")
+    assert (after.status, after.stdout) == ("ok", "next\n"), after.text()
+
+
+async def test_a_call_the_kernel_ends_without_a_reply_says_it_may_not_have_finished(
+    service: Service,
+) -> None:
+    await service.create_session("no-reply")
+    drop_reply = (
+        "_kernel = get_ipython().kernel\n"
+        "_send = _kernel.session.send\n"
+        "def _drop(stream, msg_or_type, *args, **kwargs):\n"
+        "    if msg_or_type == 'execute_reply':\n"
+        "        _kernel.session.send = _send\n"
+        "        return None\n"
+        "    return _send(stream, msg_or_type, *args, **kwargs)\n"
+        "_kernel.session.send = _drop\n"
+        "print('ran')"
+    )
+    result = await service.execute(drop_reply, session_id="no-reply")
+    assert result.status == "error", result.text()
+    assert result.stdout == "ran\n"
+    assert result.message is not None and "no reply" in result.message
+    after = await service.execute("1 + 1", session_id="no-reply")
+    assert after.results == [{"text/plain": "2"}]
+
+
+async def test_a_call_the_kernel_aborts_says_the_code_did_not_run(service: Service) -> None:
+    await service.create_session("aborted")
+    # What ipykernel does to the calls queued behind one that failed with stop_on_error.
+    await service.execute("get_ipython().kernel._aborting = True", session_id="aborted")
+    result = await service.execute("print('never')", session_id="aborted")
+    assert result.status == "error", result.text()
+    assert result.stdout == ""
+    assert result.message is not None and "did not run" in result.message

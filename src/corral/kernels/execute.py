@@ -120,6 +120,7 @@ async def run_code(
 ) -> Outcome:
     """Send `code` once and fold everything it produces into `result`."""
     client = _client(kernel)
+    await kernel.interrupts_settled()  # an interrupt still on its way would land in this code
     if not await kernel.is_alive():
         raise KernelUnreachable(f"the {kernel.language} kernel is not running")
     started = time.monotonic()
@@ -128,10 +129,11 @@ async def run_code(
     watch = _Watch(kernel, limits, started)
     collector = OutputCollector(result, limits.max_output_bytes)
     ended = await _follow_iopub(kernel, msg_id, collector, watch, on_output)
+    reply = None
     if ended == "idle":
-        await _read_reply(kernel, msg_id, result, limits.grace_s)
+        reply = await _read_reply(kernel, msg_id, result, limits.grace_s)
     result.duration_s = time.monotonic() - started
-    return _conclude(result, ended, watch, limits)
+    return _conclude(result, ended, watch, limits, reply)
 
 
 def _client(kernel: SandboxedKernel) -> AsyncKernelClient:
@@ -155,7 +157,8 @@ class _Watch:
         if self.reason is None:
             self.reason = reason
             self.grace_end = time.monotonic() + self.limits.grace_s
-            await self.kernel.interrupt()
+            # Waits for the kernel's answer, so the interrupt lands before this call ends.
+            await self.kernel.interrupt(timeout_s=self.limits.grace_s)
 
     def next_wait(self) -> float:
         now = time.monotonic()
@@ -235,14 +238,16 @@ async def _take(
 
 async def _read_reply(
     kernel: SandboxedKernel, msg_id: str, result: ExecutionResult, timeout_s: float
-) -> None:
+) -> str | None:
+    """Fold the execute_reply into `result`; its status ('ok', 'error', 'aborted'), or
+    None when none came within `timeout_s`."""
     client = _client(kernel)
     deadline = time.monotonic() + timeout_s
     while (remaining := deadline - time.monotonic()) > 0:
         try:
             reply = await client.get_shell_msg(timeout=remaining)
         except queue.Empty:
-            return
+            return None
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
             content = reply["content"]
             result.execution_count = content.get("execution_count", result.execution_count)
@@ -250,11 +255,24 @@ async def _read_reply(
                 result.error = ExecutionError(
                     str(content.get("ename", "")), strip_ansi(str(content.get("evalue", ""))), []
                 )
-            return
+            return str(content.get("status", ""))
+    return None
+
+
+def _unanswered(result: ExecutionResult, reply: str | None) -> None:
+    """The kernel went idle without saying the code finished: not a success."""
+    result.status = "error"
+    if reply == "aborted":
+        result.message = "the kernel did not run this code (it aborted the call); send it again"
+    else:
+        result.message = (
+            "the kernel ended this call with no reply: the code may have stopped part way "
+            "(its output so far is above); check what it changed before running it again"
+        )
 
 
 def _conclude(
-    result: ExecutionResult, ended: str, watch: _Watch, limits: ExecutionLimits
+    result: ExecutionResult, ended: str, watch: _Watch, limits: ExecutionLimits, reply: str | None
 ) -> Outcome:
     if ended == "died":
         result.status = "died"
@@ -268,8 +286,10 @@ def _conclude(
         interrupted = result.error is not None and result.error.ename == "KeyboardInterrupt"
         result.status = "interrupted" if interrupted else _status_of(result)
         result.limit = _LIMIT_OF_REASON.get(watch.reason)
-    else:
+    elif reply in ("ok", "error"):
         result.status = _status_of(result)
+    else:  # idle, but the kernel did not say the code finished
+        _unanswered(result, reply)
     if result.output_truncated:
         result.limit = result.limit or "output"
         note = (

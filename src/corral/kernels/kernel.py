@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import secrets
 import shutil
 import stat
 import time
 from pathlib import Path
 
+import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
@@ -29,6 +31,7 @@ from corral.sandbox.boxes import LimitBox
 from corral.sandbox.policy import SandboxPolicy
 
 SOCKET_POLL_S = 0.005
+INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
 
 
 class SandboxedKernel:
@@ -56,6 +59,8 @@ class SandboxedKernel:
         )
         self.client: AsyncKernelClient | None = None
         self.started_at = 0.0
+        # Held while an interrupt waits for its answer: code is sent only once it is free.
+        self._interrupting = asyncio.Lock()
 
     async def start(self, timeout_s: float) -> None:
         """Start the kernel and wait until it answers. Raises `KernelStartFailed`."""
@@ -125,10 +130,34 @@ class SandboxedKernel:
             return False
         return await provisioner.poll() is None
 
-    async def interrupt(self) -> None:
-        """Ask the kernel to interrupt the running code (an interrupt_request message)."""
-        if await self.is_alive():
-            await self.manager.interrupt_kernel()
+    async def interrupt(self, timeout_s: float = INTERRUPT_REPLY_S) -> bool:
+        """Interrupt the running code, and wait up to `timeout_s` for the kernel to say so.
+
+        The request goes on the control channel; the kernel raises SIGINT in itself and only
+        then answers. So once this returns True the interrupt has landed (in the code it was
+        meant for, or nowhere when that code had already ended) and cannot reach code sent
+        later. False: no kernel to ask, or no answer in time.
+        """
+        async with self._interrupting:
+            client = self.client
+            if client is None or not await self.is_alive():
+                return False
+            request = client.session.msg("interrupt_request", content={})
+            client.control_channel.send(request)
+            try:
+                return await _control_reply(client, request["header"]["msg_id"], timeout_s)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                return False  # not our cancellation: stop() closed the channel under us
+            except zmq.ZMQError:
+                return False
+
+    async def interrupts_settled(self) -> None:
+        """Return once no interrupt is on its way (answered, or given up on)."""
+        async with self._interrupting:
+            return
 
     async def stop(self) -> None:
         """Kill the kernel and its sandbox at once, and remove the run directory."""
@@ -151,6 +180,20 @@ class SandboxedKernel:
         """The host pid of the outer bwrap process."""
         provisioner = self.manager.provisioner
         return getattr(provisioner, "pid", None)
+
+
+async def _control_reply(client: AsyncKernelClient, msg_id: str, timeout_s: float) -> bool:
+    """Wait for the control channel's reply to `msg_id`, passing over older replies (to
+    interrupts that were given up on); False when none came within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply = await client.get_control_msg(timeout=remaining)
+        except queue.Empty:
+            return False
+        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            return True
+    return False
 
 
 def make_run_dir(run_root: Path) -> Path:

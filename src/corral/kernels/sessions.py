@@ -70,7 +70,7 @@ class SessionManager:
         self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None
         self.closing = False  # set by begin_shutdown: no new execution starts
-        self._interrupts: set[asyncio.Task[None]] = set()
+        self._interrupts: set[asyncio.Task[bool]] = set()
 
     @property
     def pool(self) -> WarmPool[WarmSession]:
