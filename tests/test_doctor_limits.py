@@ -69,7 +69,10 @@ def test_doctor_reports_the_detected_mechanism_and_each_limit(
         assert checks[name]["detail"] == how[limit]
         assert checks[name]["strength"] == ("weak" if limit in weak else "ok"), checks[name]
         assert checks[name]["fix"] is None  # said once, on the mechanism's line
-    assert checks["limits"]["strength"] == ("weak" if weak else "ok")
+    # The workspace is a watchdog everywhere; the mechanism is weak only for its own limits.
+    assert checks["limit workspace"]["strength"] == "weak"
+    assert "while code runs" in checks["limit workspace"]["detail"]
+    assert checks["limits"]["strength"] == ("weak" if set(weak) - {"workspace"} else "ok")
     names = list(checks)
     assert names[names.index("limits") + 1 :][: len(LIMIT_CHECKS)] == LIMIT_CHECKS
 
@@ -89,9 +92,9 @@ def test_doctor_under_forced_rlimits(tmp_path: Path, run_root: Path) -> None:
         "weak",
         stronger_limits_fix("rlimit"),
     )
-    for name in ("limit memory", "limit cpu", "limit tasks"):
+    for name in ("limit memory", "limit cpu", "limit tasks", "limit workspace"):
         assert (checks[name]["strength"], checks[name]["fix"]) == ("weak", None), checks[name]
-    for name in ("limit workspace", "limit tmpfs", "limit time", "limit output", "limit idle"):
+    for name in ("limit tmpfs", "limit time", "limit output", "limit idle"):
         assert (checks[name]["strength"], checks[name]["fix"]) == ("ok", None), checks[name]
 
 

@@ -23,6 +23,7 @@ from corral.errors import CorralError, SandboxUnavailable
 from corral.sandbox.boxes import make_box
 from corral.sandbox.bwrap import bwrap_version, find_bwrap
 from corral.sandbox.limits import (
+    BEST_EFFORT,
     CGROUP_ROOT,
     best_effort,
     choose_mechanism,
@@ -125,14 +126,16 @@ def _check_limits(settings: Settings) -> list[Check]:
     except CorralError as exc:
         return [Check("limits", False, str(exc), "set CORRAL_LIMIT_MECHANISM=rlimit")]
     weak = best_effort(mechanism.name)
-    fix = stronger_limits_fix(mechanism.name) if weak else None
+    # The mechanism is weak when its own limits are; the workspace's watchdog is the same
+    # on every host, so no change here would help it and its line says so itself.
+    fix = stronger_limits_fix(mechanism.name) if BEST_EFFORT[mechanism.name] else None
     checks = [
         Check(
             "limits",
             True,
             f"{mechanism.name}: {mechanism.detail}",
             fix or mechanism.advice,
-            "weak" if weak else "ok",
+            "weak" if fix else "ok",
         )
     ]
     for name, how in enforcement(mechanism.name).items():

@@ -580,7 +580,7 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
 async def test_the_report_names_the_limits_held_only_by_a_watchdog(limited: Service) -> None:
     await limited.create_session("lim-report")
     report = limited.session_limits("lim-report")
-    expected = ("memory", "cpu", "tasks") if is_rlimit(limited) else ()
+    expected = ("memory", "cpu", "tasks", "workspace") if is_rlimit(limited) else ("workspace",)
     assert report.best_effort == expected
     assert report.to_dict()["best_effort"] == list(expected)
 
