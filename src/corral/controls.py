@@ -27,7 +27,7 @@ class LimitsReport:
     """A session's limits, what enforces each one, and its usage while it runs.
 
     `best_effort` names the limits this host's mechanism holds only by a watchdog (they may
-    be overshot between two looks), empty where the kernel enforces them all.
+    be overshot between two looks): the workspace always, memory, cpu and tasks under rlimits.
 
     After a change, `changed_now` lists the limits the running sandboxes took at once and
     `changed_at_next_start` the others; both are None for a plain look.

@@ -289,7 +289,8 @@ class SessionLimitsModel(BaseModel):
     workspace_bytes_used: int | None = Field(description="At the last measurement.")
     best_effort: list[str] = Field(
         description="The limits held only by a watchdog here (best effort: they may be "
-        "overshot between two looks); empty where the kernel enforces them all."
+        "overshot between two looks): the workspace on every host, and memory, cpu and "
+        "tasks where the kernel does not enforce them."
     )
     changed_now: list[str] | None = None
     changed_at_next_start: list[str] | None = None
