@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import stat
 import subprocess
 import sys
@@ -278,3 +279,20 @@ def test_run_delete_and_skills_add_go_through_the_running_server(
     assert (server.config_dir / "skills" / "mine" / "SKILL.md").is_file()
     with server.client() as http:
         assert "mine" in [skill["name"] for skill in http.get("/v1/skills").json()["skills"]]
+
+
+def test_serve_raises_its_open_file_limit_to_what_the_account_allows(tmp_path: Path) -> None:
+    # A login shell gives an ordinary user 1024 open files by default; 32 sessions, each with
+    # kernel sockets, pipes and proxy connections, need more than that.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard <= 1024:
+        pytest.skip(f"this account may open only {hard} files: nothing to raise to")
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    with served(tmp_path, pool_size="0", start=False) as server:
+        server.start(preexec=lower)
+        assert server.process is not None
+        limits = psutil.Process(server.process.pid).rlimit(psutil.RLIMIT_NOFILE)
+        assert limits == (hard, hard)

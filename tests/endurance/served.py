@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,8 +57,11 @@ class Served:
         )
         return env
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start the server (same state, same port) and wait until /health answers 200."""
+    def start(
+        self, timeout_s: float = START_TIMEOUT_S, preexec: Callable[[], None] | None = None
+    ) -> None:
+        """Start the server (same state, same port) and wait until /health answers 200;
+        `preexec` runs in the child before it execs (to lower a limit, say)."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the server is already running")
         self.starts += 1
@@ -70,6 +73,7 @@ class Served:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=preexec,
             )
         self._wait_healthy(timeout_s)
 

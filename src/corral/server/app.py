@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import resource
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ def serve(
     The runtime file (`corral.owner`) is published once the socket listens and removed when
     the service closes.
     """
+    raise_open_file_limit()
     app = build_app(settings, service, tokens, token_problem)
     config = uvicorn.Config(
         app,
@@ -166,6 +168,19 @@ def serve(
     server = _Server(config, service)
     server.run(sockets=[sock or bind_socket(settings.host, settings.port)])
     return server.started
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft limit on open files to the account's hard limit.
+
+    Login shells give an ordinary user 1024, which a few dozen sessions (kernel sockets,
+    pipes, proxy connections) use up. A sandbox gains nothing from it: any process may raise
+    its own soft limit to the hard one.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("open file limit raised from %d to %d", soft, hard)
 
 
 class _Server(uvicorn.Server):
