@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelUnreachable
-from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.kernel import SandboxedKernel, reply_to
 from corral.kernels.results import ExecutionError, ExecutionResult, Limit, Status, strip_ansi
 
 OutputHook = Callable[[str, Any], Awaitable[None]]
@@ -241,22 +241,16 @@ async def _read_reply(
 ) -> str | None:
     """Fold the execute_reply into `result`; its status ('ok', 'error', 'aborted'), or
     None when none came within `timeout_s`."""
-    client = _client(kernel)
-    deadline = time.monotonic() + timeout_s
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            reply = await client.get_shell_msg(timeout=remaining)
-        except queue.Empty:
-            return None
-        if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            content = reply["content"]
-            result.execution_count = content.get("execution_count", result.execution_count)
-            if content.get("status") == "error" and result.error is None:
-                result.error = ExecutionError(
-                    str(content.get("ename", "")), strip_ansi(str(content.get("evalue", ""))), []
-                )
-            return str(content.get("status", ""))
-    return None
+    reply = await reply_to(_client(kernel).get_shell_msg, msg_id, timeout_s)
+    if reply is None:
+        return None
+    content = reply["content"]
+    result.execution_count = content.get("execution_count", result.execution_count)
+    if content.get("status") == "error" and result.error is None:
+        result.error = ExecutionError(
+            str(content.get("ename", "")), strip_ansi(str(content.get("evalue", ""))), []
+        )
+    return str(content.get("status", ""))
 
 
 def _unanswered(result: ExecutionResult, reply: str | None) -> None:

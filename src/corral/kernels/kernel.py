@@ -14,7 +14,9 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
@@ -145,7 +147,10 @@ class SandboxedKernel:
             request = client.session.msg("interrupt_request", content={})
             client.control_channel.send(request)
             try:
-                return await _control_reply(client, request["header"]["msg_id"], timeout_s)
+                answer = await reply_to(
+                    client.get_control_msg, request["header"]["msg_id"], timeout_s
+                )
+                return answer is not None
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -182,18 +187,20 @@ class SandboxedKernel:
         return getattr(provisioner, "pid", None)
 
 
-async def _control_reply(client: AsyncKernelClient, msg_id: str, timeout_s: float) -> bool:
-    """Wait for the control channel's reply to `msg_id`, passing over older replies (to
-    interrupts that were given up on); False when none came within `timeout_s`."""
+async def reply_to(
+    get_msg: Callable[..., Awaitable[dict[str, Any]]], msg_id: str, timeout_s: float
+) -> dict[str, Any] | None:
+    """The reply to `msg_id` read with `get_msg` (a channel's `get_*_msg`), passing over
+    replies to earlier requests (ones given up on); None when none came within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while (remaining := deadline - time.monotonic()) > 0:
         try:
-            reply = await client.get_control_msg(timeout=remaining)
+            reply = await get_msg(timeout=remaining)
         except queue.Empty:
-            return False
+            return None
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            return True
-    return False
+            return reply
+    return None
 
 
 def make_run_dir(run_root: Path) -> Path:
