@@ -1375,3 +1375,91 @@ async def test_use_capabilities(host: Host) -> None:
     )
     # uid 0 has no mapping inside (EINVAL); groups are fixed in a user namespace (EPERM).
     assert got == {"setuid 0": "EINVAL", "chown": "EINVAL", "setgroups": "EPERM"}
+
+
+# -- setuid, setgid and file capabilities ----------------------------------------------------
+
+S_ISUID, S_ISGID = 0o4000, 0o2000
+SUID_SETUP = (
+    "import shutil, stat\n"
+    "os.makedirs('/workspace/proj/suid', exist_ok=True)\n"
+    "os.makedirs('/workspace/suid', exist_ok=True)\n"
+    "shutil.copy('/usr/bin/id', '/workspace/proj/suid/id')\n"
+    "shutil.copy('/usr/bin/id', '/workspace/suid/id')\n"
+    "_fd = os.open('/workspace/suid/plain', os.O_CREAT | os.O_WRONLY, 0o755)\n"
+    "os.umask(0)\n"
+    "AT_FDCWD = -100\n"
+    "CAP = b'\\x01\\x00\\x00\\x02\\xff\\xff\\xff\\xff\\x00\\x00\\x00\\x00\\xff\\xff\\xff\\xff"
+    "\\x00\\x00\\x00\\x00'\n"
+)
+SUID_ATTEMPTS = {
+    "chmod 4755 in a project": "os.chmod('/workspace/proj/suid/id', 0o4755)",
+    "chmod 104755 in the workspace": "os.chmod('/workspace/suid/id', 0o104755)",
+    "chmod 2755": "os.chmod('/workspace/suid/id', 0o2755)",
+    "fchmod 4755": "os.fchmod(_fd, 0o4755)",
+    "fchmodat 6755": "_sys(268, AT_FDCWD, _p(b'/workspace/suid/id'), 0o6755)",
+    "fchmodat2 4755": "_sys(452, AT_FDCWD, _p(b'/workspace/suid/id'), 0o4755, 0)",
+    "open O_CREAT 4755": "os.open('/workspace/suid/new', os.O_CREAT | os.O_WRONLY, 0o4755)",
+    "openat O_TMPFILE 2755": "os.open('/workspace/suid', os.O_TMPFILE | os.O_WRONLY, 0o2755)",
+    "creat 4755": "_sys(85, _p(b'/workspace/suid/creat'), 0o4755)",
+    "openat2": "_sys(437, AT_FDCWD, _p(b'/workspace/suid/o2'), 0, 0)",
+    "mkdir 2755": "os.mkdir('/workspace/suid/dir', 0o2755)",
+    "mknod 4755": "os.mknod('/workspace/suid/node', stat.S_IFREG | 0o4755)",
+    "setxattr security.capability": "os.setxattr('/workspace/suid/id', 'security.capability', CAP)",
+    "setxattr user": "os.setxattr('/workspace/suid/id', 'user.note', b'x')",
+    "chmod 0755 still works": "os.chmod('/workspace/suid/id', 0o755)",
+    "chmod 1777 (sticky) still works": "os.chmod('/workspace/suid/plain', 0o1777)",
+}
+
+
+def special_bits_on_host(*roots: Path) -> list[str]:
+    """Every file or directory under `roots` (as the host sees them) with a setuid or setgid
+    bit, or a security.capability attribute."""
+    found = []
+    for root in roots:
+        for path in [root, *root.rglob("*")]:
+            info = path.lstat()
+            if info.st_mode & (S_ISUID | S_ISGID):
+                found.append(f"{path} {oct(info.st_mode)}")
+            with contextlib.suppress(OSError):
+                if not path.is_symlink() and "security.capability" in os.listxattr(path):
+                    found.append(f"{path} security.capability")
+    return found
+
+
+async def test_plant_a_setuid_setgid_or_capability_file(host: Host) -> None:
+    got = await outcomes(host, SUID_ATTEMPTS, setup=SUID_SETUP, cleanup="os.close(_fd)")
+    refused = {label: "EPERM" for label in SUID_ATTEMPTS}
+    refused.update(
+        {
+            "openat2": "ENOSYS",  # libc and Python fall back to openat, which is filtered
+            "setxattr security.capability": "ENOTSUP",
+            "setxattr user": "ENOTSUP",
+            "chmod 0755 still works": "ok",
+            "chmod 1777 (sticky) still works": "ok",
+        }
+    )
+    assert got == refused
+    workspace = host.service.sessions.sessions[A].paths.workspace
+    assert special_bits_on_host(workspace, host.repo) == []
+
+
+@pytest.mark.parametrize(
+    "shell",
+    [
+        "cp -p /usr/bin/su /workspace/cp-p; ls -l /workspace/cp-p",
+        "install -m 4755 /usr/bin/id /workspace/installed",
+        "mkdir -p /tmp/t && cp /usr/bin/id /tmp/t/id && chmod 4755 /tmp/t/id || true;"
+        " python3 -c \"import tarfile; t = tarfile.open('/workspace/s.tar', 'w');"
+        " i = t.gettarinfo('/usr/bin/id', 'id'); i.mode = 0o4755;"
+        " t.addfile(i, open('/usr/bin/id', 'rb')); t.close()\";"
+        " mkdir -p /workspace/untar && tar -xpf /workspace/s.tar -C /workspace/untar",
+        "mkdir -m 2775 /workspace/sgid-dir",
+    ],
+    ids=["cp -p", "install -m", "tar -p", "mkdir -m"],
+)
+async def test_tools_cannot_leave_a_setuid_or_setgid_file(host: Host, shell: str) -> None:
+    code, out = await command(host, ["bash", "-c", shell], sid=B)
+    assert "Operation not permitted" in out, (code, out)
+    workspace = host.service.sessions.sessions[B].paths.workspace
+    assert special_bits_on_host(workspace) == []
