@@ -1463,3 +1463,23 @@ async def test_tools_cannot_leave_a_setuid_or_setgid_file(host: Host, shell: str
     assert "Operation not permitted" in out, (code, out)
     workspace = host.service.sessions.sessions[B].paths.workspace
     assert special_bits_on_host(workspace) == []
+
+
+async def test_fill_dev_shm_past_the_tmp_size(host: Host) -> None:
+    # bwrap's /dev is an unsized tmpfs: /dev/shm must be a tmpfs of its own, sized like /tmp.
+    code = (
+        "import errno, json, os\n"
+        "written, why = 0, 'none'\n"
+        "with open('/dev/shm/fill', 'wb') as f:\n"
+        "    try:\n"
+        "        for _ in range(4 * 32):\n"
+        "            f.write(b'x' * (1 << 20)); f.flush(); written += 1 << 20\n"
+        "    except OSError as exc:\n"
+        "        why = errno.errorcode[exc.errno]\n"
+        "s = os.statvfs('/dev/shm')\n"
+        "os.unlink('/dev/shm/fill')\n"
+        "print(json.dumps([written, why, s.f_blocks * s.f_frsize]))\n"
+    )
+    written, why, size = await py(host, code, sid=B)
+    assert (why, size) == ("ENOSPC", TMP)
+    assert written <= TMP

@@ -568,13 +568,16 @@ async def test_tasks_lowered_live_refuse_at_the_new_count(limited: Service) -> N
 
 async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
     await limited.create_session("lim-tmp-size")
-    statvfs = "import os; s = os.statvfs('/tmp'); s.f_blocks * s.f_frsize"
-    assert await value(limited, "lim-tmp-size", statvfs) == TMP
+    # /tmp and /dev/shm: each a tmpfs of the session's tmp_bytes.
+    statvfs = (
+        "import os\n[os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ('/tmp', '/dev/shm')]"
+    )
+    assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
     report = limited.set_session_limits("lim-tmp-size", {"tmp_bytes": "16M"})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tmp_bytes",))
-    assert await value(limited, "lim-tmp-size", statvfs) == TMP
+    assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
     await limited.restart_session("lim-tmp-size")
-    assert await value(limited, "lim-tmp-size", statvfs) == 16 * MIB
+    assert await value(limited, "lim-tmp-size", statvfs) == [16 * MIB, 16 * MIB]
 
 
 async def test_the_report_names_the_limits_held_only_by_a_watchdog(limited: Service) -> None:

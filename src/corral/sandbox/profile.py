@@ -2,7 +2,8 @@
 
 Read-only: /usr (with the merged-/usr links), a short list of /etc files, the Python runtime.
 Writable: the session's workspace, its package prefix and its run directory. Size-limited tmpfs
-for /tmp and the home. Nothing else of the host exists inside.
+for /tmp, /dev/shm (each of the session's tmp size) and the home. Nothing else of the host
+exists inside.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def default_policy(
         symlinks=links,
         tmpfs=(
             Tmpfs("/tmp", tmp_size_bytes, 0o1777),
+            # bwrap's /dev is an unsized tmpfs (half the host's memory): shm gets its own.
+            Tmpfs("/dev/shm", tmp_size_bytes, 0o1777),
             Tmpfs(SANDBOX_HOME, home_size_bytes, 0o700),
         ),
         binds=(
