@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -302,15 +303,6 @@ def _try(f):
         return errno.errorcode.get(e.errno, str(e.errno))
 _buf = ctypes.create_string_buffer(256)
 _bufp = ctypes.addressof(_buf)
-def _log_fd():
-    # The kernel's inherited stderr log: the one descriptor naming an unnamed file.
-    for fd in os.listdir('/proc/self/fd'):
-        try:
-            if os.readlink(f'/proc/self/fd/{fd}').endswith(' (deleted)'):
-                return int(fd)
-        except OSError:
-            pass
-    raise LookupError('no stderr log')
 """
 
 
@@ -461,17 +453,17 @@ print(json.dumps(found))
 
 async def test_follow_inherited_descriptors_to_host_paths(host: Host) -> None:
     """Every descriptor of every process inside names a pipe, a socket, an anonymous inode
-    or a file on the sandbox's own mounts; the two exceptions are the host's /dev/null and
-    the kernel's stderr log, an unnamed file (DESIGN: kept for error messages)."""
+    or a file on the sandbox's own mounts; the one exception is the host's /dev/null (the
+    kernel's stderr is a pipe the server drains, not a host file)."""
     found = await py(host, FD_WALK)
     paths = [entry for entry in found if entry["target"].startswith("/")]
     assert paths, found
     outside = [e for e in paths if not e["mine"] and not e["null"]]
-    assert all(e["target"].endswith(" (deleted)") for e in outside), outside
-    assert len({e["ino"] for e in outside}) == 1, outside  # the stderr log, nothing else
+    assert outside == []
     assert [e for e in found if e["regular"] and e["read"] is not True] == []
+    # What the open regular files hold (nothing, when none is open) names no host secret.
     contents = host.service.read_file(A, "fd-contents.bin")
-    assert contents and SECRET.encode() not in contents and SSH_KEY.encode() not in contents
+    assert SECRET.encode() not in contents and SSH_KEY.encode() not in contents
     assert not [e for e in paths if str(host.secret.parent) in e["target"]]
 
 
@@ -576,14 +568,11 @@ async def test_hard_link_across_filesystems(host: Host) -> None:
             "from etc": "os.link('/etc/passwd', '/workspace/hard-passwd')",
             "from usr": "os.link('/usr/bin/env', '/workspace/hard-env')",
             "from runtime": "os.link('/opt/corral/python/bin/python3', '/workspace/hard-py')",
-            "stderr log": "os.link(_log, '/workspace/hard-log', follow_symlinks=True)",
         },
-        setup="open('/tmp/mine', 'w').write('x')\n_log = f'/proc/self/fd/{_log_fd()}'",
+        setup="open('/tmp/mine', 'w').write('x')",
     )
     # Every one crosses a mount: EXDEV (fs.protected_hardlinks would say EPERM after it).
-    assert got == dict.fromkeys(
-        ("from tmp", "from etc", "from usr", "from runtime", "stderr log"), "EXDEV"
-    )
+    assert got == dict.fromkeys(("from tmp", "from etc", "from usr", "from runtime"), "EXDEV")
 
 
 # -- the network -----------------------------------------------------------------------------
@@ -1045,28 +1034,22 @@ async def test_fill_tmp(host: Host) -> None:
     assert size <= TMP
 
 
-STDERR_FILLER = """
-log = _log_fd()
-chunk = b'x' * (1 << 20)
-written, stop = 0, None
-try:
-    for _ in range(2 * WORKSPACE_MIB):
-        written += os.write(log, chunk)
-except OSError as e:
-    stop = errno.errorcode[e.errno]
-size = os.fstat(log).st_size
-os.ftruncate(log, 0)
-print(json.dumps([stop, written, size]))
-"""
-
-
-async def test_fill_host_disk_through_the_inherited_stderr_log(host: Host) -> None:
-    """The stderr log lives on the host's disk, outside every sandbox mount: writing to it
-    directly is bounded by the per-file limit (RLIMIT_FSIZE, the workspace size)."""
-    code = PRELUDE + STDERR_FILLER.replace("WORKSPACE_MIB", str(WORKSPACE // MIB))
-    stop, written, size = await py(host, code, B)
-    assert stop == "EFBIG", (stop, written, size)
-    assert written <= WORKSPACE and size <= WORKSPACE
+async def test_grow_the_kernels_inherited_stderr(host: Host) -> None:
+    # fd 2 of the sandbox's first process is what the server gave the kernel as stderr: a
+    # pipe it drains, keeping only a tail, never a host file the sandbox could grow.
+    code = (
+        "import json\n"
+        "written = 0\n"
+        "with open('/proc/1/fd/2', 'wb', buffering=0) as f:\n"
+        "    for _ in range(64):\n"
+        "        written += f.write(b'e' * (1 << 20))\n"
+        "print(json.dumps(written))\n"
+    )
+    assert await py(host, code, sid=B) == 64 * MIB
+    kernel = host.service.sessions.sessions[B].kernels["python"]
+    assert kernel.pid is not None
+    assert stat.S_ISFIFO(os.stat(f"/proc/{kernel.pid}/fd/2").st_mode)
+    assert kernel.stderr_tail().endswith("e" * 1000)
     await answers(host, A)
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.kernelspec import KernelSpec
@@ -21,6 +20,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from corral.errors import AdmissionFailed, KernelStartFailed
+from corral.kernels.stderr_tail import StderrTail
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
@@ -99,7 +99,7 @@ def host_side(run_dir: Path) -> Path:
 class SandboxProvisioner(LocalProvisioner):
     """Starts the kernel command inside the sandbox described by the manager's policy."""
 
-    stderr_log: IO[bytes] | None = None
+    stderr_log: StderrTail | None = None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
@@ -112,18 +112,22 @@ class SandboxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         manager = _sandboxed_manager(self.parent)
-        # Kept open for the kernel's lifetime; closed in cleanup().
-        self.stderr_log = tempfile.TemporaryFile(prefix="corral-kernel-")  # noqa: SIM115
+        # Drained for the kernel's lifetime; closed in cleanup().
+        if self.stderr_log is not None:
+            self.stderr_log.close()
+        self.stderr_log = StderrTail()
         try:
             self.process = start_sandbox(
                 manager.sandbox_policy,
                 cmd,
                 bwrap=manager.bwrap_path,
                 box=manager.box,
-                stderr=self.stderr_log,
+                stderr=self.stderr_log.write_fd,
             )
         except AdmissionFailed as exc:
             raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
+        finally:
+            self.stderr_log.spawned()
         self.pid = self.process.pid
         self.pgid = self.process.pid
         self.cwd = "/"
@@ -131,12 +135,7 @@ class SandboxProvisioner(LocalProvisioner):
 
     def stderr_tail(self, max_bytes: int = 4096) -> str:
         """The last bytes bwrap or the kernel wrote to stderr, for error messages."""
-        if self.stderr_log is None:
-            return ""
-        self.stderr_log.seek(0, os.SEEK_END)
-        size = self.stderr_log.tell()
-        self.stderr_log.seek(max(0, size - max_bytes))
-        return self.stderr_log.read().decode("utf-8", "replace").strip()
+        return "" if self.stderr_log is None else self.stderr_log.text(max_bytes)
 
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart)
