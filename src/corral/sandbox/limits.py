@@ -188,7 +188,7 @@ HOST_SIDE_BEST_EFFORT = ("workspace",)
 HOST_SIDE = {
     "workspace": "RLIMIT_FSIZE per file and a watchdog on the workspace and package prefix "
     "(measured every 0.25 s while code runs: a call can write past it before it is stopped)",
-    "tmpfs": "size= on the /tmp and home tmpfs",
+    "tmpfs": "size= on the /tmp, /dev/shm and home tmpfs",
     "time": "the server interrupts, then restarts the kernel after a grace period",
     "output": "the server cuts output past the cap",
     "idle": "the server's idle reaper stops the kernels",
