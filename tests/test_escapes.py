@@ -1466,3 +1466,40 @@ async def test_fill_dev_shm_past_the_tmp_size(host: Host) -> None:
     written, why, size = await py(host, code, sid=B)
     assert (why, size) == ("ENOSPC", TMP)
     assert written <= TMP
+
+
+# -- a session the agent damages -------------------------------------------------------------
+
+BRICK = (
+    "import os, shutil\n"
+    "env = '/opt/corral/env'\n"
+    "site = f'{env}/lib/python3.11/site-packages'\n"
+    "open(f'{site}/kept_package.py', 'w').write('VALUE = 41\\n')\n"
+    "os.unlink(f'{env}/pyvenv.cfg')\n"
+    "os.symlink('/etc/passwd', f'{env}/pyvenv.cfg')\n"
+    "os.unlink(f'{env}/bin/python')\n"
+    "os.symlink('/workspace/evil', f'{env}/bin/python')\n"
+    "os.unlink(f'{env}/bin/python3.11')\n"
+    "os.mkdir(f'{env}/bin/python3.11')\n"
+    "open(f'{env}/bin/pip', 'w').write('#!/bin/sh\\necho pwned\\n')\n"
+    "os.unlink(f'{site}/_corral_runtime.pth')\n"
+    "print('damaged')\n"
+)
+
+
+async def test_brick_the_session_through_its_package_prefix(host: Host) -> None:
+    sid = "esc-brick"
+    await host.service.create_session(sid)
+    assert (await execute(host, BRICK, sid)).stdout == "damaged\n"
+    await host.service.restart_session(sid)
+    result = await execute(host, "import kept_package, numpy\nkept_package.VALUE + 1", sid)
+    assert result.status == "ok", result.text()
+    assert result.results == [{"text/plain": "42"}]
+    assert result.message is not None
+    for name in ("pyvenv.cfg", "bin/python", "bin/python3.11", "bin/pip", "_corral_runtime.pth"):
+        assert name in result.message, result.message
+    assert "installed packages are kept" in result.message
+    assert (await command(host, ["pip", "--version"], sid))[0] == 0
+    after = await execute(host, "1 + 1", sid)
+    assert after.message is None  # said once
+    await host.service.delete_session(sid)

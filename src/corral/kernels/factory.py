@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from corral.config import Settings
-from corral.errors import InvalidInput
+from corral.errors import InvalidInput, KernelStartFailed
+from corral.fsafe import UnsafePath
 from corral.kernels.kernel import SandboxedKernel
 from corral.kernels.projects import PreparedMount, prepare_mounts
 from corral.kernels.run import SessionRun, open_bridge
@@ -47,7 +48,12 @@ from corral.sandbox.profile import (
     skill_binds,
     write_identity_files,
 )
-from corral.sandbox.runtime import PythonRuntime, create_session_env, current_runtime
+from corral.sandbox.runtime import (
+    PythonRuntime,
+    create_session_env,
+    current_runtime,
+    repair_session_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +173,7 @@ class KernelFactory:
         """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
         session.from_pool = False
         create_session_env(session.paths.env, self.runtime, font_list=self.fonts.seed())
+        session.env_repairs += self._repair_env(session)
         socket = None
         if self.egress is not None:
             socket = await self.egress.socket_for(session.id)
@@ -174,6 +181,15 @@ class KernelFactory:
         kernel = self._new_kernel(session, language, run, socket)
         await self._start_beside_siblings(session, run, kernel)
         session.kernels[language] = kernel
+
+    def _repair_env(self, session: Session) -> list[str]:
+        """What the sandbox broke in the package prefix, put back (see `repair_session_env`)."""
+        try:
+            return repair_session_env(session.paths.env, self.runtime)
+        except (OSError, UnsafePath) as exc:
+            raise KernelStartFailed(
+                f"session {session.id}'s package prefix could not be repaired: {exc}"
+            ) from exc
 
     async def drop_kernel(self, session: Session, language: str) -> None:
         """Stop one kernel; the run closes with the last one (unless one is starting)."""

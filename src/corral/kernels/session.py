@@ -98,6 +98,7 @@ class Session:
         self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
         self.from_pool = False
         self.waiting = 0  # executions queued behind `lock`
+        self.env_repairs: list[str] = []  # repaired at the last start, for the next result
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:

@@ -225,6 +225,9 @@ class SessionManager:
         if not outcome.kernel_usable:
             await self._after_kernel_loss(session, language, outcome.result)
         outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
+        if session.env_repairs:
+            _note_repairs(outcome.result, session.env_repairs)
+            session.env_repairs = []
         if self.closing and outcome.result.status == "interrupted":
             note = "interrupted because the server is shutting down"
             message = outcome.result.message
@@ -410,3 +413,13 @@ def _current_task() -> asyncio.Task[Any]:
     if task is None:
         raise RuntimeError("execute must run inside an asyncio task")
     return task
+
+
+def _note_repairs(result: ExecutionResult, repaired: list[str]) -> None:
+    """Tell the agent, once, what the last start put back in its package prefix."""
+    names = ", ".join(repaired)
+    note = (
+        f"the session's package prefix was damaged and has been repaired ({names} in "
+        "/opt/corral/env); installed packages are kept"
+    )
+    result.message = f"{note}; {result.message}" if result.message else note

@@ -9,11 +9,15 @@ site-packages comes first and whose `.pth` file adds the shared runtime after it
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import stat
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from corral import fsafe
 
 SANDBOX_PYTHON_PREFIX = "/opt/corral/python"
 SANDBOX_RUNTIME_SITE = "/opt/corral/runtime"
@@ -57,6 +61,114 @@ def current_runtime() -> PythonRuntime:
     )
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One name the host relies on in a package prefix: a file with this content and mode,
+    or (`link`) a symbolic link to this target."""
+
+    parts: tuple[str, ...]
+    content: str
+    mode: int = 0o644
+    link: bool = False
+
+
+def _entries(runtime: PythonRuntime) -> tuple[_Entry, ...]:
+    site = ("lib", f"python{runtime.version}", "site-packages")
+    pyvenv = (
+        f"home = {SANDBOX_PYTHON_PREFIX}/bin\ninclude-system-site-packages = false\n"
+        f"version = {runtime.version}\n"
+    )
+    pip = _PIP_SCRIPT.format(python=runtime.sandbox_python)
+    return (
+        _Entry(("pyvenv.cfg",), pyvenv),
+        _Entry((*site, "_corral_runtime.pth"), f"{SANDBOX_RUNTIME_SITE}\n"),
+        *(
+            _Entry(("bin", name), runtime.sandbox_base_python, link=True)
+            for name in ("python", "python3", f"python{runtime.version}")
+        ),
+        *(_Entry(("bin", name), pip, 0o755) for name in ("pip", "pip3")),
+    )
+
+
+def repair_session_env(env_dir: Path, runtime: PythonRuntime) -> list[str]:
+    """Put back what the host relies on in an existing package prefix; the names repaired.
+
+    The sandbox can write the prefix, so nothing in it is followed: each directory on the
+    way is opened without following links (a link or a file there is replaced by an empty
+    directory, since what it pointed at is not the host's to read), and each entry that is
+    not exactly what `create_session_env` wrote is removed and written again. Everything
+    else (the installed packages) is left as it is.
+    """
+    repaired: list[str] = []
+    with fsafe.closing(fsafe.open_dir_at(None, env_dir)) as root:
+        for entry in _entries(runtime):
+            if _repair_entry(root, entry):
+                repaired.append("/".join(entry.parts))
+    return repaired
+
+
+def _repair_entry(root: int, entry: _Entry) -> bool:
+    *dirs, name = entry.parts
+    fd = os.dup(root)
+    replaced = False
+    try:
+        for part in dirs:
+            child, fresh = _dir_replacing(fd, part)
+            os.close(fd)
+            fd = child
+            replaced = replaced or fresh
+        if _entry_intact(fd, name, entry):
+            return replaced
+        _remove_any(fd, name)
+        _write_entry(fd, name, entry)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _dir_replacing(parent: int, name: str) -> tuple[int, bool]:
+    """A descriptor of directory `name`, made anew when something else is there."""
+    info = fsafe.lstat_at(parent, name)
+    fresh = info is not None and not stat.S_ISDIR(info.st_mode)
+    if fresh:
+        _remove_any(parent, name)
+    return fsafe.open_child_dir(parent, name, mode=0o755), fresh or info is None
+
+
+def _entry_intact(parent: int, name: str, entry: _Entry) -> bool:
+    info = fsafe.lstat_at(parent, name)
+    if info is None:
+        return False
+    if entry.link:
+        return stat.S_ISLNK(info.st_mode) and os.readlink(name, dir_fd=parent) == entry.content
+    if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != entry.mode:
+        return False
+    expected = entry.content.encode()
+    if info.st_size != len(expected):
+        return False
+    with fsafe.closing(fsafe.open_file_at(parent, name)) as fd:
+        return os.read(fd, len(expected) + 1) == expected
+
+
+def _remove_any(parent: int, name: str) -> None:
+    info = fsafe.lstat_at(parent, name)
+    if info is None:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        fsafe.remove_tree(parent, name)
+    else:
+        os.unlink(name, dir_fd=parent)
+
+
+def _write_entry(parent: int, name: str, entry: _Entry) -> None:
+    if entry.link:
+        os.symlink(entry.content, name, dir_fd=parent)
+        return
+    with fsafe.closing(os.open(name, fsafe.CREATE_FLAGS, entry.mode, dir_fd=parent)) as fd:
+        os.fchmod(fd, entry.mode)
+        os.write(fd, entry.content.encode())
+
+
 def create_session_env(
     env_dir: Path, runtime: PythonRuntime, *, font_list: Path | None = None
 ) -> None:
@@ -72,20 +184,8 @@ def create_session_env(
     staging = env_dir.with_name(env_dir.name + ".new")
     if staging.exists():
         shutil.rmtree(staging)
-    site = staging / "lib" / f"python{runtime.version}" / "site-packages"
-    site.mkdir(parents=True)
-    (staging / "bin").mkdir()
-    (staging / "pyvenv.cfg").write_text(
-        f"home = {SANDBOX_PYTHON_PREFIX}/bin\ninclude-system-site-packages = false\n"
-        f"version = {runtime.version}\n"
-    )
-    (site / "_corral_runtime.pth").write_text(f"{SANDBOX_RUNTIME_SITE}\n")
-    for name in ("python", "python3", f"python{runtime.version}"):
-        (staging / "bin" / name).symlink_to(runtime.sandbox_base_python)
-    for name in ("pip", "pip3"):
-        script = staging / "bin" / name
-        script.write_text(_PIP_SCRIPT.format(python=runtime.sandbox_python))
-        script.chmod(0o755)
+    staging.mkdir(parents=True)
+    repair_session_env(staging, runtime)  # from nothing: every entry is written
     if font_list is not None:
         _seed_font_list(staging / MPL_CONFIG_NAME, font_list)
     staging.rename(env_dir)
