@@ -1014,6 +1014,22 @@ async def test_fill_the_workspace(host: Host) -> None:
     await answers(host, B)
 
 
+async def test_fill_host_disk_through_the_run_directory(host: Host) -> None:
+    # The kernel's run directory (its sockets, at /run/corral) is on the host's disk: what
+    # the sandbox writes there counts toward the workspace limit.
+    filler = WORKSPACE_FILLER.replace("/workspace/fill", "/run/corral/fill")
+    result = await execute(host, filler, B)
+    assert result.status == "interrupted", result.text()
+    assert result.limit == "disk"
+    assert result.message is not None and "the workspace holds at most 64 MiB" in result.message
+    shutil.rmtree(run_dir(host, B) / "fill")
+    watch = host.service.sessions.sessions[B].disk
+    for _ in range(4):
+        await watch.check()
+        await asyncio.sleep(MEASURE_INTERVAL_S)
+    await answers(host, B)
+
+
 async def test_fill_tmp(host: Host) -> None:
     result = await execute(
         host,

@@ -89,7 +89,7 @@ class Session:
         self.limits = limits
         self.options = options  # what the operator chose: limit changes, mounts, bridge
         self.run: SessionRun | None = None  # while any kernel runs
-        self.disk = DiskWatch([paths.workspace, paths.env], lambda: self.limits.workspace_bytes)
+        self.disk = DiskWatch(self._written_paths, lambda: self.limits.workspace_bytes)
         self.kernels: dict[str, SandboxedKernel] = {}
         self.lock = asyncio.Lock()
         self.starting = False
@@ -113,6 +113,12 @@ class Session:
             yield
         finally:
             self.lock.release()
+
+    def _written_paths(self) -> list[Path]:
+        """Where the sandbox writes to the host's disk: the workspace, the package prefix
+        and each running kernel's run directory (shown at /run/corral)."""
+        runs = [kernel.run_dir for kernel in self.kernels.values()]
+        return [self.paths.workspace, self.paths.env, *runs]
 
     @property
     def id(self) -> str:

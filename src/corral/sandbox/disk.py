@@ -1,5 +1,8 @@
 """The workspace size limit: a watchdog that measures a session's disk use while code runs.
 
+What it measures is everything the sandbox can write on the host's disk: the workspace, the
+package prefix and the kernels' run directories (`Session._written_paths`).
+
 No kernel mechanism bounds one directory tree on an ordinary filesystem without root and a
 quota-enabled mount, so the server measures (in a thread, at most once per interval while an
 execution runs) and stops code that keeps writing past the limit. RLIMIT_FSIZE (set by the
@@ -57,11 +60,11 @@ class DiskWatch:
 
     def __init__(
         self,
-        paths: Sequence[Path],
+        paths: Callable[[], Sequence[Path]],
         limit_bytes: Callable[[], int],
         interval_s: float = MEASURE_INTERVAL_S,
     ) -> None:
-        self.paths = list(paths)
+        self.paths = paths  # asked at each measurement: the kernels' run directories change
         self.limit_bytes = limit_bytes
         self.interval_s = interval_s
         self.usage: int | None = None
@@ -80,7 +83,7 @@ class DiskWatch:
             # Counted from the start, and kept across executions: at most one measurement per
             # interval, however many short executions follow each other.
             self.measured_at = time.monotonic()
-            self._running = asyncio.create_task(asyncio.to_thread(disk_usage, self.paths))
+            self._running = asyncio.create_task(asyncio.to_thread(disk_usage, list(self.paths())))
         usage, previous = self.usage, self._previous
         if usage is None or usage <= self.limit_bytes():
             return None

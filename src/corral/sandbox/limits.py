@@ -186,8 +186,9 @@ BEST_EFFORT: dict[str, tuple[str, ...]] = {
 # without a quota-enabled filesystem (see sandbox/disk.py).
 HOST_SIDE_BEST_EFFORT = ("workspace",)
 HOST_SIDE = {
-    "workspace": "RLIMIT_FSIZE per file and a watchdog on the workspace and package prefix "
-    "(measured every 0.25 s while code runs: a call can write past it before it is stopped)",
+    "workspace": "RLIMIT_FSIZE per file and a watchdog on the workspace, package prefix and "
+    "run directory (measured every 0.25 s while code runs: a call can write past it before "
+    "it is stopped)",
     "tmpfs": "size= on the /tmp, /dev/shm and home tmpfs",
     "time": "the server interrupts, then restarts the kernel after a grace period",
     "output": "the server cuts output past the cap",
