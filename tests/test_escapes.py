@@ -51,6 +51,7 @@ MIB = 1024 * 1024
 MEMORY = 256 * MIB
 TASKS = 64
 WORKSPACE = 64 * MIB
+FILES = 3000  # files and directories in the workspace, package prefix and run directory
 TMP = 32 * MIB
 EXEC_S = 25.0
 A = "esc-a"  # with the project mounted read-write at /workspace/proj
@@ -189,6 +190,7 @@ async def host(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Host]:
         memory_bytes=MEMORY,
         tasks=TASKS,
         workspace_bytes=WORKSPACE,
+        workspace_files=FILES,
         tmp_size_bytes=TMP,
         exec_timeout_s=30.0,
         mounts=f"proj={repo}:rw",
@@ -1007,6 +1009,30 @@ async def test_fill_the_workspace(host: Host) -> None:
     assert result.message is not None and "the workspace holds at most 64 MiB" in result.message
     await answers(host, A)
     host.service.delete_file(B, "fill", recursive=True)
+    watch = host.service.sessions.sessions[B].disk
+    for _ in range(4):
+        await watch.check()
+        await asyncio.sleep(MEASURE_INTERVAL_S)
+    await answers(host, B)
+
+
+async def test_fill_the_workspace_with_empty_files(host: Host) -> None:
+    # No bytes to speak of, but every file costs the host an inode and a directory entry.
+    code = (
+        "import os\n"
+        "os.makedirs('/workspace/many', exist_ok=True)\n"
+        "i = 0\n"
+        "while True:\n"
+        "    open(f'/workspace/many/{i}', 'w').close()\n"
+        "    i += 1\n"
+    )
+    result = await execute(host, code, B)
+    assert result.status == "interrupted", result.text()
+    assert result.limit == "disk"
+    assert result.message is not None and f"{FILES} files" in result.message
+    report = host.service.session_limits(B)
+    assert report.workspace_files_used is not None and report.workspace_files_used > FILES
+    host.service.delete_file(B, "many", recursive=True)
     watch = host.service.sessions.sessions[B].disk
     for _ in range(4):
         await watch.check()

@@ -472,6 +472,7 @@ LIMIT_OPTIONS = {
     "timeout": "exec_timeout_s",
     "idle": "idle_timeout_s",
     "output": "output_bytes",
+    "files": "workspace_files",
 }
 
 
@@ -485,6 +486,7 @@ LIMIT_OPTIONS = {
 @click.option("--timeout", type=float, help="Seconds per execution.")
 @click.option("--idle", type=float, help="Seconds idle before the kernels stop.")
 @click.option("--output", help="Output bytes per execution.")
+@click.option("--files", type=int, help="Files in the workspace and package prefix.")
 def limits_set(session_id: str, **values: Any) -> None:
     """Change limits; a running session changes at once where the mechanism allows."""
     changes = {LIMIT_OPTIONS[k]: v for k, v in values.items() if v is not None}

@@ -50,6 +50,7 @@ class Settings:
     cpus: float = 1.0
     tasks: int = 256  # processes and threads per session
     workspace_bytes: int = 5120 * MIB  # the workspace and the session's package prefix
+    workspace_files: int = 200_000  # files and directories there and in the run directories
     limit_mechanism: str = "auto"  # auto (the strongest available) or rlimit (the fallback)
     forward_env: str = ""  # host variables passed into every sandbox, comma-separated names
     mounts: str = ""  # the operator's project folders: NAME=PATH[:ro|rw], comma-separated
@@ -94,6 +95,7 @@ class Settings:
             exec_timeout_s=self.exec_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             output_bytes=self.max_output_bytes,
+            workspace_files=self.workspace_files,
         )
         return limits.changed(limits.to_dict())  # the configured limits pass the same checks
 

@@ -39,6 +39,7 @@ class LimitsReport:
     enforcement: dict[str, str]
     usage: LimitsUsage | None
     workspace_bytes_used: int | None
+    workspace_files_used: int | None
     best_effort: tuple[str, ...] = ()
     changed_now: tuple[str, ...] | None = None
     changed_at_next_start: tuple[str, ...] | None = None
@@ -51,6 +52,7 @@ class LimitsReport:
             "enforcement": self.enforcement,
             "usage": None if self.usage is None else asdict(self.usage),
             "workspace_bytes_used": self.workspace_bytes_used,
+            "workspace_files_used": self.workspace_files_used,
             "best_effort": list(self.best_effort),
         }
         if self.changed_now is not None and self.changed_at_next_start is not None:
@@ -86,6 +88,7 @@ def limits_report(session: Session, mechanism: str) -> LimitsReport:
         enforcement=enforcement(mechanism),
         usage=usage,
         workspace_bytes_used=session.disk.usage,
+        workspace_files_used=session.disk.files,
         best_effort=best_effort(mechanism),
     )
 

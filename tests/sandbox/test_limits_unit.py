@@ -173,6 +173,7 @@ def test_to_dict_lists_every_limit() -> None:
         "exec_timeout_s": 30.0,
         "idle_timeout_s": 600.0,
         "output_bytes": 100_000,
+        "workspace_files": 200_000,
     }
 
 

@@ -204,6 +204,7 @@ def test_corral_limits_set_changes_the_running_server(server: RunningServer, sid
         sid,
         *("--memory", "1G", "--cpus", "0.5", "--tasks", "64", "--workspace", "2G"),
         *("--tmp", "256M", "--timeout", "60", "--idle", "600", "--output", "100000"),
+        *("--files", "5000"),
     )
     assert code == 0, text
     assert "  memory_bytes     1 GiB\n" in text and "  tasks            64\n" in text
@@ -217,6 +218,7 @@ def test_corral_limits_set_changes_the_running_server(server: RunningServer, sid
         "exec_timeout_s": 60.0,
         "idle_timeout_s": 600.0,
         "output_bytes": 100_000,
+        "workspace_files": 5000,
     }
 
 

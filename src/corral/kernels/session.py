@@ -89,7 +89,11 @@ class Session:
         self.limits = limits
         self.options = options  # what the operator chose: limit changes, mounts, bridge
         self.run: SessionRun | None = None  # while any kernel runs
-        self.disk = DiskWatch(self._written_paths, lambda: self.limits.workspace_bytes)
+        self.disk = DiskWatch(
+            self._written_paths,
+            lambda: self.limits.workspace_bytes,
+            lambda: self.limits.workspace_files,
+        )
         self.kernels: dict[str, SandboxedKernel] = {}
         self.lock = asyncio.Lock()
         self.starting = False

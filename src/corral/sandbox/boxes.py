@@ -467,8 +467,9 @@ def describe_hit(limit: str, limits: Limits) -> str:
         "tasks": f"the session's limit of {limits.tasks} tasks (processes and threads) "
         "was reached; processes still running keep their places until the session restarts",
         "disk": f"a filesystem of the session is full: the workspace holds at most "
-        f"{format_size(limits.workspace_bytes)} (no file may be larger), /tmp "
-        f"{format_size(limits.tmp_bytes)}; delete files to make room",
+        f"{format_size(limits.workspace_bytes)} (no file may be larger) and "
+        f"{limits.workspace_files} files, /tmp {format_size(limits.tmp_bytes)}; "
+        "delete files to make room",
     }[limit]
 
 

@@ -26,24 +26,32 @@ BLOCK = 512
 
 def disk_usage(paths: Sequence[Path]) -> int:
     """Bytes allocated under `paths`, never following symbolic links or leaving a filesystem."""
-    total = 0
+    return measure(paths)[0]
+
+
+def measure(paths: Sequence[Path]) -> tuple[int, int]:
+    """(bytes allocated, entries) under `paths`, never following symbolic links or leaving a
+    filesystem."""
+    total = files = 0
     for root in paths:
         try:
             device = os.lstat(root).st_dev
         except OSError:
             continue
-        total += _tree_usage(str(root), device)
-    return total
+        size, count = _tree_usage(str(root), device)
+        total, files = total + size, files + count
+    return total, files
 
 
-def _tree_usage(root: str, device: int) -> int:
-    total = 0
+def _tree_usage(root: str, device: int) -> tuple[int, int]:
+    total = files = 0
     pending = [root]
     while pending:
         try:
             entries = list(os.scandir(pending.pop()))
         except OSError:
             continue
+        files += len(entries)
         for entry in entries:
             try:
                 info = entry.stat(follow_symlinks=False)
@@ -52,28 +60,33 @@ def _tree_usage(root: str, device: int) -> int:
             total += info.st_blocks * BLOCK
             if stat.S_ISDIR(info.st_mode) and info.st_dev == device:
                 pending.append(entry.path)
-    return total
+    return total, files
 
 
 class DiskWatch:
-    """Tells an execution when the session's files grew past `limit_bytes`."""
+    """Tells an execution when the session's files grew past `limit_bytes` or their number
+    past `limit_files`."""
 
     def __init__(
         self,
         paths: Callable[[], Sequence[Path]],
         limit_bytes: Callable[[], int],
+        limit_files: Callable[[], int] = lambda: 1 << 62,
         interval_s: float = MEASURE_INTERVAL_S,
     ) -> None:
         self.paths = paths  # asked at each measurement: the kernels' run directories change
         self.limit_bytes = limit_bytes
+        self.limit_files = limit_files
         self.interval_s = interval_s
-        self.usage: int | None = None
+        self.usage: int | None = None  # bytes, at the last measurement
+        self.files: int | None = None  # files and directories, at the last measurement
         self.measured_at = 0.0
-        self._previous: int | None = None
-        self._running: asyncio.Task[int] | None = None
+        self._previous: tuple[int, int] | None = None
+        self._running: asyncio.Task[tuple[int, int]] | None = None
 
     async def check(self) -> str | None:
-        """'disk' when the last measurement is past the limit and larger than the one before.
+        """'disk' when the last measurement is past a limit (bytes or files) and larger
+        there than the one before.
 
         Starts a measurement in a thread when the last one is older than the interval; never
         waits for it.
@@ -83,13 +96,16 @@ class DiskWatch:
             # Counted from the start, and kept across executions: at most one measurement per
             # interval, however many short executions follow each other.
             self.measured_at = time.monotonic()
-            self._running = asyncio.create_task(asyncio.to_thread(disk_usage, list(self.paths())))
-        usage, previous = self.usage, self._previous
-        if usage is None or usage <= self.limit_bytes():
+            self._running = asyncio.create_task(asyncio.to_thread(measure, list(self.paths())))
+        if self.usage is None or self.files is None:
             return None
-        if previous is None or usage <= previous:  # the first look sets the baseline
+        now, previous = (self.usage, self.files), self._previous
+        if previous is None:  # the first look sets the baseline
             return None
-        self._previous = usage  # reported once per growth
+        limits = (self.limit_bytes(), self.limit_files())
+        if not any(n > lim and n > p for n, lim, p in zip(now, limits, previous, strict=True)):
+            return None
+        self._previous = now  # reported once per growth
         return "disk"
 
     def begin(self) -> None:
@@ -104,4 +120,6 @@ class DiskWatch:
             return
         self._running = None
         if task.exception() is None:
-            self._previous, self.usage = self.usage, task.result()
+            if self.usage is not None and self.files is not None:
+                self._previous = (self.usage, self.files)
+            self.usage, self.files = task.result()

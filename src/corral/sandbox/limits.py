@@ -39,6 +39,8 @@ class Limits:
     exec_timeout_s: float
     idle_timeout_s: float
     output_bytes: int
+    # Files and directories in the workspace, package prefix and run directories.
+    workspace_files: int = 200_000
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,17 +59,18 @@ class Limits:
 # Limits that change a running sandbox at once; the others apply from the next kernel start.
 LIVE_LIMITS = frozenset(
     {"memory_bytes", "cpus", "tasks", "workspace_bytes", "exec_timeout_s", "idle_timeout_s"}
-    | {"output_bytes"}
+    | {"output_bytes", "workspace_files"}
 )
 MIN_MEMORY_BYTES = 128 * KIB**2  # a kernel needs about 75 MiB resident to start
 MIN_TASKS = 8
+MIN_WORKSPACE_FILES = 100  # a package prefix and a run directory hold about 20
 
 
 def _parse_limit(name: str, raw: Any) -> int | float:
     if name.endswith("_bytes"):
         value: int | float = parse_size(raw) if isinstance(raw, str) else _number(name, raw)
         value = int(value)
-    elif name == "tasks":
+    elif name in ("tasks", "workspace_files"):
         value = int(_number(name, raw))
     else:
         value = float(_number(name, raw))
@@ -77,6 +80,8 @@ def _parse_limit(name: str, raw: Any) -> int | float:
         raise InvalidInput(f"limit memory_bytes must be at least {format_size(MIN_MEMORY_BYTES)}")
     if name == "tasks" and value < MIN_TASKS:
         raise InvalidInput(f"limit tasks must be at least {MIN_TASKS}")
+    if name == "workspace_files" and value < MIN_WORKSPACE_FILES:
+        raise InvalidInput(f"limit workspace_files must be at least {MIN_WORKSPACE_FILES}")
     return value
 
 
@@ -186,9 +191,9 @@ BEST_EFFORT: dict[str, tuple[str, ...]] = {
 # without a quota-enabled filesystem (see sandbox/disk.py).
 HOST_SIDE_BEST_EFFORT = ("workspace",)
 HOST_SIDE = {
-    "workspace": "RLIMIT_FSIZE per file and a watchdog on the workspace, package prefix and "
-    "run directory (measured every 0.25 s while code runs: a call can write past it before "
-    "it is stopped)",
+    "workspace": "RLIMIT_FSIZE per file and a watchdog on the bytes and files of the "
+    "workspace, package prefix and run directory (measured every 0.25 s while code runs: a "
+    "call can write past it before it is stopped)",
     "tmpfs": "size= on the /tmp, /dev/shm and home tmpfs",
     "time": "the server interrupts, then restarts the kernel after a grace period",
     "output": "the server cuts output past the cap",

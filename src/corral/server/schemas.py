@@ -260,6 +260,10 @@ class LimitsValues(BaseModel):
     exec_timeout_s: float
     idle_timeout_s: float
     output_bytes: int
+    workspace_files: int = Field(
+        description="Files and directories in the workspace, the package prefix and the "
+        "kernels' run directories."
+    )
 
 
 class LimitsChange(Strict):
@@ -273,6 +277,7 @@ class LimitsChange(Strict):
     exec_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     output_bytes: StrictInt | StrictStr | None = None
+    workspace_files: StrictInt | None = Field(default=None, ge=100)
 
 
 class LimitsUsage(BaseModel):
@@ -287,6 +292,7 @@ class SessionLimitsModel(BaseModel):
     enforcement: dict[str, str] = Field(description="What enforces each limit on this host.")
     usage: LimitsUsage | None = Field(description="While the session runs.")
     workspace_bytes_used: int | None = Field(description="At the last measurement.")
+    workspace_files_used: int | None = Field(description="At the last measurement.")
     best_effort: list[str] = Field(
         description="The limits held only by a watchdog here (best effort: they may be "
         "overshot between two looks): the workspace on every host, and memory, cpu and "
