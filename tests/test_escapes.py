@@ -748,6 +748,19 @@ async def test_ptrace_attach_pid_1(host: Host) -> None:
     assert got["mem"] in ("EACCES", "EPERM", "EIO"), got
 
 
+async def test_take_pid_1s_descriptors_with_pidfd_getfd(host: Host) -> None:
+    # pidfd_open(1), then pidfd_getfd(pidfd, fd, 0) for each of pid 1's descriptors; and
+    # process_madvise, the other call that acts on another process through a pidfd.
+    got = await outcomes(
+        host,
+        {f"getfd {fd}": f"_sys(438, _pidfd, {fd}, 0)" for fd in range(4)}
+        | {"madvise": "_sys(440, _pidfd, 0, 0, 0, 0)"},
+        setup="_pidfd = _sys(434, 1, 0)",
+        cleanup="os.close(_pidfd)",
+    )
+    assert got == dict.fromkeys(got, "EPERM")
+
+
 async def test_process_vm_readv_a_sibling(host: Host) -> None:
     read = (
         "_buf = ctypes.create_string_buffer(64)\n"

@@ -49,6 +49,8 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "ptrace",
     "process_vm_readv",
     "process_vm_writev",
+    "pidfd_getfd",  # another process's descriptors (pid 1's, say), like ptrace
+    "process_madvise",
     "mount",
     "umount",
     "umount2",
