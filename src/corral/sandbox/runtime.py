@@ -174,8 +174,9 @@ def create_session_env(
 ) -> None:
     """Create a session's package prefix on the host, once, if it does not exist yet.
 
-    An existing prefix is never touched again: the sandbox can write it, so the host must not
-    follow anything inside it. Every path written is a sandbox path; it only works in there.
+    An existing prefix is left alone here (the sandbox can write it; `repair_session_env`
+    checks it without following anything). Every path written is a sandbox path; it only
+    works in there.
     `font_list` (matplotlib's, see `corral.sandbox.fontcache`) is copied into its MPLCONFIGDIR
     while the prefix is still the host's alone; without it matplotlib builds its own.
     """
