@@ -9,6 +9,15 @@ from pathlib import Path
 from corral.sandbox.runtime import create_session_env, current_runtime, repair_session_env
 
 
+def fresh_prefix(tmp_path: Path) -> tuple[Path, Path]:
+    """A new package prefix and an empty folder outside it (where a planted link points)."""
+    env = tmp_path / "env"
+    create_session_env(env, current_runtime())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    return env, outside
+
+
 def test_a_fresh_prefix_needs_no_repair(tmp_path: Path) -> None:
     env = tmp_path / "env"
     create_session_env(env, current_runtime())
@@ -17,10 +26,7 @@ def test_a_fresh_prefix_needs_no_repair(tmp_path: Path) -> None:
 
 def test_damaged_entries_are_rewritten_and_packages_kept(tmp_path: Path) -> None:
     runtime = current_runtime()
-    env = tmp_path / "env"
-    create_session_env(env, runtime)
-    outside = tmp_path / "outside"
-    outside.mkdir()
+    env, outside = fresh_prefix(tmp_path)
     (outside / "victim").write_text("host data")
     site = env / "lib" / f"python{runtime.version}" / "site-packages"
     (site / "installed.py").write_text("X = 1\n")
@@ -38,10 +44,7 @@ def test_damaged_entries_are_rewritten_and_packages_kept(tmp_path: Path) -> None
 
 def test_a_directory_swapped_for_a_link_is_made_anew_without_following_it(tmp_path: Path) -> None:
     runtime = current_runtime()
-    env = tmp_path / "env"
-    create_session_env(env, runtime)
-    outside = tmp_path / "outside"
-    outside.mkdir()
+    env, outside = fresh_prefix(tmp_path)
     os.rename(env / "bin", tmp_path / "old-bin")
     (env / "bin").symlink_to(outside)
     repaired = repair_session_env(env, runtime)
