@@ -1015,13 +1015,13 @@ while True:
 """
 
 
-def stopped_by_the_disk_watch(result: ExecutionResult, words: str) -> None:
+def assert_stopped_by_the_disk_watch(result: ExecutionResult, words: str) -> None:
     assert result.status == "interrupted", result.text()
     assert result.limit == "disk"
     assert result.message is not None and words in result.message
 
 
-async def answers_once_measured_again(host: Host, sid: str) -> None:
+async def assert_answers_once_measured_again(host: Host, sid: str) -> None:
     """After its files were removed: a few measurements on, the session answers."""
     watch = host.service.sessions.sessions[sid].disk
     for _ in range(4):
@@ -1032,10 +1032,10 @@ async def answers_once_measured_again(host: Host, sid: str) -> None:
 
 async def test_fill_the_workspace(host: Host) -> None:
     result = await execute(host, WORKSPACE_FILLER, B)
-    stopped_by_the_disk_watch(result, "the workspace holds at most 64 MiB")
+    assert_stopped_by_the_disk_watch(result, "the workspace holds at most 64 MiB")
     await answers(host, A)
     host.service.delete_file(B, "fill", recursive=True)
-    await answers_once_measured_again(host, B)
+    await assert_answers_once_measured_again(host, B)
 
 
 async def test_fill_the_workspace_with_empty_files(host: Host) -> None:
@@ -1049,11 +1049,11 @@ async def test_fill_the_workspace_with_empty_files(host: Host) -> None:
         "    i += 1\n"
     )
     result = await execute(host, code, B)
-    stopped_by_the_disk_watch(result, f"{FILES} files")
+    assert_stopped_by_the_disk_watch(result, f"{FILES} files")
     report = host.service.session_limits(B)
     assert report.workspace_files_used is not None and report.workspace_files_used > FILES
     host.service.delete_file(B, "many", recursive=True)
-    await answers_once_measured_again(host, B)
+    await assert_answers_once_measured_again(host, B)
 
 
 async def test_fill_host_disk_through_the_run_directory(host: Host) -> None:
@@ -1061,9 +1061,9 @@ async def test_fill_host_disk_through_the_run_directory(host: Host) -> None:
     # the sandbox writes there counts toward the workspace limit.
     filler = WORKSPACE_FILLER.replace("/workspace/fill", "/run/corral/fill")
     result = await execute(host, filler, B)
-    stopped_by_the_disk_watch(result, "the workspace holds at most 64 MiB")
+    assert_stopped_by_the_disk_watch(result, "the workspace holds at most 64 MiB")
     shutil.rmtree(run_dir(host, B) / "fill")
-    await answers_once_measured_again(host, B)
+    await assert_answers_once_measured_again(host, B)
 
 
 async def test_fill_tmp(host: Host) -> None:
