@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -11,6 +13,13 @@ import pytest
 
 from corral.config import Settings
 from corral.service import Service
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The escape battery's count of attempts, printed at the end of every run."""
+    from tests.escapes.battery import BatterySummary
+
+    config.pluginmanager.register(BatterySummary("tests/escapes/"), "escape-battery")
 
 
 @pytest.fixture
@@ -69,3 +78,19 @@ async def sandbox(shared_service: Service) -> Service:
     """The shared service with a session named 'probe' running (python and bash)."""
     await shared_service.create_session("probe")
     return shared_service
+
+
+async def disk_looked_at_again(service: Service, sid: str, timeout_s: float = 20.0) -> None:
+    """Wait, bounded, until the disk patrol has measured the session once more: after the
+    test changed its files from the host, the session is judged by what it holds now."""
+    session = service.sessions.sessions[sid]
+    watch = session.disk
+    since = time.monotonic()
+    if not session.kernels:  # the patrol watches running sessions only
+        watch.look()
+        return
+    watch.look_soon()
+    while watch.measured_at <= since:
+        if time.monotonic() - since > timeout_s:
+            raise AssertionError(f"the disk patrol did not look at {sid} again")
+        await asyncio.sleep(0.02)

@@ -34,6 +34,7 @@ from corral.bridge import (
     new_token,
 )
 from corral.errors import SandboxError
+from tests.waiting import until
 
 IO_S = 10.0
 TIMEOUT_S = 0.5  # the handshake deadline in these tests (5 s in production)
@@ -158,14 +159,6 @@ async def make_bridge(sock_dir: Path, agent: FakeAgent) -> AsyncIterator[MakeBri
 
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = IO_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

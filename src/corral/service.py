@@ -25,7 +25,7 @@ from corral.egress.network import Network, NetworkStatus, PolicyChange
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
-from corral.errors import CorralError, SessionNotFound
+from corral.errors import CorralError, SessionNotFound, StorageFull
 from corral.execution import Execution
 from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
@@ -38,6 +38,7 @@ from corral.kernels.sessions import (
     validate_language,
 )
 from corral.owner import StateLock
+from corral.sandbox.limits import format_size
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
 from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
@@ -261,10 +262,24 @@ class Service:
         return self.workspace(session_id).read(path)
 
     def write_file(self, session_id: str | None, path: str, data: bytes) -> FileEntry:
-        return self.workspace(session_id).write(path, data)
+        """Write a workspace file; refused (`StorageFull`) when it would take the session
+        past its workspace limit."""
+        disk = self.sessions.session_for(session_id).disk
+        room_bytes, room_files = disk.room()
+        if len(data) > room_bytes or room_files < 1:
+            limits = self.sessions.session_for(session_id).limits
+            raise StorageFull(
+                f"{path!r} ({format_size(len(data))}) does not fit: the workspace holds at most "
+                f"{format_size(limits.workspace_bytes)} and {limits.workspace_files} files, "
+                f"and {format_size(max(0, room_bytes))} are left; delete files to make room"
+            )
+        entry = self.workspace(session_id).write(path, data)
+        disk.added(len(data))
+        return entry
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
         self.workspace(session_id).delete(path, recursive=recursive)
+        self.sessions.session_for(session_id).disk.look_soon()
 
     def set_bridge(self, session_id: str, enabled: bool) -> BridgeReport:
         """Enable or disable a session's SSH agent bridge (admin). It takes effect when the

@@ -25,6 +25,7 @@ import pytest
 from corral.egress import protocol as p
 from corral.egress.proxy import EgressProxy, ProxyLimits, SessionEgress, system_resolver
 from corral.egress.rules import Decision, IPAddress, Policy, make_policy
+from tests.waiting import until
 
 IO_S = 10.0
 SID, OTHER = "s1", "s2"
@@ -255,15 +256,6 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data:
     writer.write(data)
     await writer.drain()
     return await asyncio.wait_for(reader.readexactly(len(data)), IO_S)
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = IO_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
 
 
 def connect_head(authority: str) -> bytes:

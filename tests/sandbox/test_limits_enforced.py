@@ -33,10 +33,10 @@ import pytest
 from corral.errors import InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.sandbox.boxes import CgroupV1Box, CgroupV2Box, LimitRefused
-from corral.sandbox.disk import MEASURE_INTERVAL_S, disk_usage
+from corral.sandbox.disk import disk_usage
 from corral.sandbox.limits import detect_mechanism
 from corral.service import Service
-from tests.conftest import make_settings
+from tests.conftest import disk_looked_at_again, make_settings
 from tests.snippets import fork_loop
 
 MIB = 1024 * 1024
@@ -228,18 +228,6 @@ async def settle_to(service: Service, baseline: int, timeout_s: float = 10.0) ->
     return count
 
 
-async def drain_disk_watch(service: Service, sid: str) -> None:
-    """Let the session's disk watch measure the workspace as it is now.
-
-    A measurement started during a disk hit is otherwise collected by the session's next
-    execution, which it stops as if the workspace were still growing (a reported bug).
-    """
-    watch = service.sessions.sessions[sid].disk
-    for _ in range(4):
-        await watch.check()
-        await asyncio.sleep(MEASURE_INTERVAL_S)
-
-
 def box_dirs(service: Service, sid: str) -> list[Path]:
     """Every cgroup directory of a running session's box, per-kernel leaves included."""
     box = service.sessions.sessions[sid].box
@@ -396,15 +384,17 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
     assert await value(limited, "lim-beside", "open('/workspace/b', 'w').write('b' * 1000)") == 1000
     assert (beside.workspace / "b").stat().st_size == 1000
     limited.delete_file("lim-fill", "fill", recursive=True)
-    await drain_disk_watch(limited, "lim-fill")
+    await disk_looked_at_again(limited, "lim-fill")
     await assert_kept_and_working(limited, "lim-fill")
 
 
 async def test_code_that_writes_nothing_runs_in_a_workspace_already_over_its_limit(
     limited: Service,
 ) -> None:
-    await limited.create_session("lim-over")
-    limited.write_file("lim-over", "upload.bin", b"x" * (80 * MIB))  # e.g. a limit lowered later
+    info = await limited.create_session("lim-over")
+    # Put there from the host (the files API refuses it): as when the limit is lowered later.
+    (info.workspace / "upload.bin").write_bytes(b"x" * (80 * MIB))
+    await disk_looked_at_again(limited, "lim-over")
     result = await run(limited, "lim-over", "import time; time.sleep(1.5); 'slept'")
     assert result.status == "ok", result.text()
     assert result.limit is None
@@ -422,7 +412,7 @@ async def test_one_file_past_the_workspace_limit_is_efbig(limited: Service) -> N
     if result.status == "error":
         assert result.error is not None and "[Errno 27] File too large" in result.error.evalue
     limited.delete_file("lim-efbig", "big.bin")
-    await drain_disk_watch(limited, "lim-efbig")
+    await disk_looked_at_again(limited, "lim-efbig")
     await assert_kept_and_working(limited, "lim-efbig")
 
 

@@ -29,9 +29,10 @@ _LIMIT_OF_REASON: dict[str, Limit] = {"flood": "output", "disk": "disk"}
 
 
 class Guard(Protocol):
-    """Polled while code runs; returns the name of a limit the code went past, or None."""
+    """Something that stops running code itself (the disk patrol) and is asked while the
+    code runs, and once more at its end, which limit it stopped it for."""
 
-    async def check(self) -> str | None: ...
+    def stopped(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ async def run_code(
     watch = _Watch(kernel, limits, started)
     collector = OutputCollector(result, limits.max_output_bytes)
     ended = await _follow_iopub(kernel, msg_id, collector, watch, on_output)
+    watch.guard_stopped()  # a stop that came as the code ended
     reply = None
     if ended == "idle":
         reply = await _read_reply(kernel, msg_id, result, limits.grace_s)
@@ -155,10 +157,21 @@ class _Watch:
 
     async def interrupt(self, reason: str) -> None:
         if self.reason is None:
-            self.reason = reason
-            self.grace_end = time.monotonic() + self.limits.grace_s
+            self.stopped_for(reason)
             # Waits for the kernel's answer, so the interrupt lands before this call ends.
             await self.kernel.interrupt(timeout_s=self.limits.grace_s)
+
+    def stopped_for(self, reason: str) -> None:
+        """The code is being stopped: it has the grace period to end."""
+        if self.reason is None:
+            self.reason = reason
+            self.grace_end = time.monotonic() + self.limits.grace_s
+
+    def guard_stopped(self) -> None:
+        """Take note when the guard stopped the code (it interrupts the kernel itself)."""
+        guard = self.limits.guard
+        if self.reason is None and guard is not None and (limit := guard.stopped()):
+            self.stopped_for(limit)
 
     def next_wait(self) -> float:
         now = time.monotonic()
@@ -173,10 +186,9 @@ class _Watch:
                 return "died"
         if now >= self.grace_end:
             return "unresponsive"
+        self.guard_stopped()
         if now >= self.deadline:
             await self.interrupt("timeout")
-        elif self.limits.guard is not None and (hit := await self.limits.guard.check()):
-            await self.interrupt(hit)
         return None
 
 

@@ -52,6 +52,7 @@ from corral.sandbox.runtime import (
     PythonRuntime,
     create_session_env,
     current_runtime,
+    repair_note,
     repair_session_env,
 )
 
@@ -173,7 +174,8 @@ class KernelFactory:
         """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
         session.from_pool = False
         create_session_env(session.paths.env, self.runtime, font_list=self.fonts.seed())
-        session.env_repairs += self._repair_env(session)
+        if repaired := self._repair_env(session):
+            session.notes.append(repair_note(repaired))
         socket = None
         if self.egress is not None:
             socket = await self.egress.socket_for(session.id)

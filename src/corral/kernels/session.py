@@ -23,6 +23,7 @@ from corral.sandbox.boxes import LimitBox
 from corral.sandbox.disk import DiskWatch
 from corral.sandbox.limits import Limits
 from corral.sandbox.profile import SessionPaths
+from corral.sandbox.watchdog import tree_pids
 from corral.store import SessionRecord
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -93,6 +94,7 @@ class Session:
             self._written_paths,
             lambda: self.limits.workspace_bytes,
             lambda: self.limits.workspace_files,
+            self._sandbox_pids,
         )
         self.kernels: dict[str, SandboxedKernel] = {}
         self.lock = asyncio.Lock()
@@ -102,7 +104,7 @@ class Session:
         self.current_call: tuple[asyncio.Task[Any], str] | None = None  # holds the lock
         self.from_pool = False
         self.waiting = 0  # executions queued behind `lock`
-        self.env_repairs: list[str] = []  # repaired at the last start, for the next result
+        self.notes: list[str] = []  # what happened to the session, told in the next result
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -123,6 +125,11 @@ class Session:
         and each running kernel's run directory (shown at /run/corral)."""
         runs = [kernel.run_dir for kernel in self.kernels.values()]
         return [self.paths.workspace, self.paths.env, *runs]
+
+    def _sandbox_pids(self) -> list[int]:
+        """Every process of the session's sandboxes (host pids), each bwrap first."""
+        roots = [kernel.pid for kernel in self.kernels.values() if kernel.pid is not None]
+        return [pid for root in roots for pid in tree_pids(root)]
 
     @property
     def id(self) -> str:

@@ -29,6 +29,7 @@ from corral.errors import (
     ShuttingDown,
     TooManySessions,
 )
+from corral.kernels.disk_patrol import DiskPatrol
 from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
 from corral.kernels.factory import EgressSockets, KernelFactory
 from corral.kernels.limit_hits import attribute_limit, counters
@@ -69,6 +70,10 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None
+        self.disk_patrol = DiskPatrol(
+            self.sessions.values, self._drop_lost_kernel, settings.interrupt_grace_s
+        )
+        self._patrol: asyncio.Task[None] | None = None
         self.closing = False  # set by begin_shutdown: no new execution starts
         self._interrupts: set[asyncio.Task[bool]] = set()
 
@@ -91,14 +96,16 @@ class SessionManager:
             self.factory.close()  # its janitor leaves: nothing was started yet
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
+        self._patrol = asyncio.create_task(self.disk_patrol.run(), name="corral-disk-patrol")
 
     async def close(self) -> None:
         """Stop every kernel; workspaces and records stay."""
         await self.warm.close()
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._patrol):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(*(self.factory.stop_kernels(s) for s in self.sessions.values()))
         await self.factory.fonts.close()
         for session in self.sessions.values():
@@ -221,13 +228,15 @@ class SessionManager:
             await self._replace_kernel(session, language)
             restarted = True
             outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+        session.disk.ended()
+        outcome.result.limit = outcome.result.limit or session.disk.stopped()
         attribute_limit(outcome.result, before, counters(session.box), session.limits)
         if not outcome.kernel_usable:
             await self._after_kernel_loss(session, language, outcome.result)
         outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
-        if session.env_repairs:
-            _note_repairs(outcome.result, session.env_repairs)
-            session.env_repairs = []
+        if session.notes:
+            _add_notes(outcome.result, session.notes)
+            session.notes = []
         if self.closing and outcome.result.status == "interrupted":
             note = "interrupted because the server is shutting down"
             message = outcome.result.message
@@ -278,13 +287,17 @@ class SessionManager:
             guard=session.disk if session is not None else None,
         )
 
+    async def _drop_lost_kernel(self, session: Session, language: str) -> None:
+        """Stop a kernel the server had to end; the next call says it was restarted."""
+        await self.factory.drop_kernel(session, language)
+        session.lost.add(language)
+
     async def _after_kernel_loss(
         self, session: Session, language: str, result: ExecutionResult
     ) -> None:
         """A dead kernel is cleared (the next call starts a fresh one); a stuck one replaced."""
         if result.status == "died":
-            await self.factory.drop_kernel(session, language)
-            session.lost.add(language)
+            await self._drop_lost_kernel(session, language)
             return
         await self._replace_kernel(session, language)
         result.kernel_restarted = True
@@ -314,6 +327,7 @@ class SessionManager:
         try:
             if not await self.warm.take(session, language):
                 await self.factory.launch(session, language)
+            session.disk.rebase()  # what was there before the start is no growth
             session.failed = self.last_start_failure = None
         except Exception as exc:
             session.failed = str(exc)
@@ -415,11 +429,7 @@ def _current_task() -> asyncio.Task[Any]:
     return task
 
 
-def _note_repairs(result: ExecutionResult, repaired: list[str]) -> None:
-    """Tell the agent, once, what the last start put back in its package prefix."""
-    names = ", ".join(repaired)
-    note = (
-        f"the session's package prefix was damaged and has been repaired ({names} in "
-        "/opt/corral/env); installed packages are kept"
-    )
-    result.message = f"{note}; {result.message}" if result.message else note
+def _add_notes(result: ExecutionResult, notes: list[str]) -> None:
+    """Tell the agent, once, what happened to its session since the last result."""
+    note = "; ".join(notes)
+    result.message = f"{result.message}; {note}" if result.message else note

@@ -1,27 +1,42 @@
-"""The workspace size limit: a watchdog that measures a session's disk use while code runs.
+"""The workspace size limit: what a session has on the host's disk, measured and watched.
 
-What it measures is everything the sandbox can write on the host's disk: the workspace, the
-package prefix and the kernels' run directories (`Session._written_paths`).
+What is measured is everything the sandbox can write on the host's disk: the workspace, the
+package prefix and the kernels' run directories (`Session._written_paths`), in bytes and in
+files.
 
 No kernel mechanism bounds one directory tree on an ordinary filesystem without root and a
-quota-enabled mount, so the server measures (in a thread, at most once per interval while an
-execution runs) and stops code that keeps writing past the limit. RLIMIT_FSIZE (set by the
-limit box) bounds any single file, so the overshoot is at most what is written between two
-measurements. Code that runs while the workspace is over its limit but is not growing it
-(an agent deleting files) is left alone.
+quota-enabled mount, so the server looks. A `DiskWatch` holds one session's last look; the
+`corral.kernels.disk_patrol` task decides when to look again: at least every `BUSY_S` while
+code runs and `IDLE_S` otherwise, and at once (within `TICK_S`) when the free space or free
+inodes of the session's filesystems fell by more than the room the session had left, the
+one sign that it may have crossed its limit. Each look also reads how much every sandbox
+process has written (`/proc/PID/io`), so a look past the limit names the writers.
+
+The overshoot is what the writers put on disk between crossing the limit and being stopped:
+one tick, one look and the stop (docs/architecture.md gives the figures measured).
+RLIMIT_FSIZE (set by the limit box) bounds any single file. A session over its limit that
+is not growing (an agent deleting files) is left alone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-MEASURE_INTERVAL_S = 0.25
+from corral.sandbox import writers
+
+TICK_S = 0.02  # how often the patrol compares the filesystems' free space with the room left
+BUSY_S = 0.25  # the longest a running execution goes without a look
+IDLE_S = 5.0  # and an idle session (the free-space test catches writers in between)
+LOOK_SHARE = 4  # a session is looked at no more often than this many times its look's length
 BLOCK = 512
+
+Free = tuple[int, int]  # a filesystem's free bytes and free inodes
 
 
 def disk_usage(paths: Sequence[Path]) -> int:
@@ -63,63 +78,144 @@ def _tree_usage(root: str, device: int) -> tuple[int, int]:
     return total, files
 
 
+def free_space(paths: Mapping[int, str]) -> dict[int, Free]:
+    """Free bytes and inodes of each device, read through the path given for it."""
+    free: dict[int, Free] = {}
+    for device, path in paths.items():
+        try:
+            fs = os.statvfs(path)
+        except OSError:
+            continue
+        free[device] = (fs.f_bfree * fs.f_frsize, fs.f_ffree)
+    return free
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A look that found the session past a limit and larger than at the look before."""
+
+    usage: int
+    files: int
+    writers: tuple[int, ...]  # host pids that wrote to a disk since the look before
+
+
 class DiskWatch:
-    """Tells an execution when the session's files grew past `limit_bytes` or their number
-    past `limit_files`."""
+    """One session's disk use at its last look, and whether that look stopped its code.
+
+    `look` runs in a thread (the patrol's); everything else on the event loop.
+    """
 
     def __init__(
         self,
         paths: Callable[[], Sequence[Path]],
         limit_bytes: Callable[[], int],
         limit_files: Callable[[], int] = lambda: 1 << 62,
-        interval_s: float = MEASURE_INTERVAL_S,
+        processes: Callable[[], Sequence[int]] = lambda: (),
     ) -> None:
-        self.paths = paths  # asked at each measurement: the kernels' run directories change
+        self.paths = paths  # asked at each look: the kernels' run directories change
         self.limit_bytes = limit_bytes
         self.limit_files = limit_files
-        self.interval_s = interval_s
-        self.usage: int | None = None  # bytes, at the last measurement
-        self.files: int | None = None  # files and directories, at the last measurement
+        self.processes = processes  # the sandbox's processes, as host pids
+        self.usage: int | None = None  # bytes, at the last look
+        self.files: int | None = None  # files and directories, at the last look
         self.measured_at = 0.0
-        self._previous: tuple[int, int] | None = None
-        self._running: asyncio.Task[tuple[int, int]] | None = None
+        self.took_s = 0.0
+        self.devices: dict[int, str] = {}  # a path on each filesystem the session writes to
+        self._free_then: dict[int, Free] = {}
+        self._written: dict[int, int] = {}
+        self._stopped = False
+        self._rebase = False
+        self.strikes = 0  # stops since the current execution, or idle period, began
 
-    async def check(self) -> str | None:
-        """'disk' when the last measurement is past a limit (bytes or files) and larger
-        there than the one before.
+    def due(self, now: float, busy: bool, free: Mapping[int, Free]) -> bool:
+        """Whether to look now: the interval passed, or the filesystems lost more than the
+        session had room for since the last look."""
+        since = now - self.measured_at
+        if since < max(TICK_S, LOOK_SHARE * self.took_s):
+            return False
+        if since >= (BUSY_S if busy else IDLE_S) or self.usage is None or self.files is None:
+            return True
+        room = (self.limit_bytes() - self.usage, self.limit_files() - self.files)
+        drop = [0, 0]
+        for device, then in self._free_then.items():
+            if device in free:
+                drop[0] += then[0] - free[device][0]
+                drop[1] += then[1] - free[device][1]
+        return any(lost > max(left, 0) for lost, left in zip(drop, room, strict=True))
 
-        Starts a measurement in a thread when the last one is older than the interval; never
-        waits for it.
-        """
-        self._collect()
-        if self._running is None and time.monotonic() - self.measured_at >= self.interval_s:
-            # Counted from the start, and kept across executions: at most one measurement per
-            # interval, however many short executions follow each other.
-            self.measured_at = time.monotonic()
-            self._running = asyncio.create_task(asyncio.to_thread(measure, list(self.paths())))
+    def look(self) -> Hit | None:
+        """Measure now; a `Hit` when past a limit and grown since the look before (the first
+        look sets the baseline)."""
+        started = time.monotonic()
+        written = writers.disk_writes(self.processes())
+        paths = list(self.paths())
+        devices = _devices(paths)
+        free = free_space(devices)  # before the walk: what it finds was written by then
+        usage, files = measure(paths)
+        before_bytes, before_files = self.usage, self.files
+        wrote = tuple(pid for pid, n in written.items() if n > self._written.get(pid, 0))
+        self.usage, self.files = usage, files
+        self.devices, self._free_then, self._written = devices, free, written
+        self.measured_at, self.took_s = started, time.monotonic() - started
+        if before_bytes is None or before_files is None or self._rebase:
+            self._rebase = False
+            return None
+        grew_bytes = usage > self.limit_bytes() and usage > before_bytes
+        grew_files = files > self.limit_files() and files > before_files
+        return Hit(usage, files, wrote) if grew_bytes or grew_files else None
+
+    def room(self) -> tuple[int, int]:
+        """Bytes and files the session may still add, as of the last look (a first look is
+        taken here, for a session the patrol has not seen)."""
         if self.usage is None or self.files is None:
-            return None
-        now, previous = (self.usage, self.files), self._previous
-        if previous is None:  # the first look sets the baseline
-            return None
-        limits = (self.limit_bytes(), self.limit_files())
-        if not any(n > lim and n > p for n, lim, p in zip(now, limits, previous, strict=True)):
-            return None
-        self._previous = now  # reported once per growth
-        return "disk"
+            self.look()
+        return (
+            self.limit_bytes() - (self.usage or 0),
+            self.limit_files() - (self.files or 0),
+        )
+
+    def added(self, size: int) -> None:
+        """The host wrote `size` bytes in the session (the files API): count them now, and
+        have the patrol look again soon."""
+        if self.usage is not None and self.files is not None:
+            self.usage, self.files = self.usage + size, self.files + 1
+        self.look_soon()
+
+    def rebase(self) -> None:
+        """Code just ended or was stopped: what it wrote up to then is no new growth, so
+        the next look is a baseline."""
+        self._rebase = True
+
+    def look_soon(self) -> None:
+        """The session's files changed from outside: look at its next tick."""
+        self.measured_at = 0.0
+
+    # -- what an execution reads -----------------------------------------------------------
 
     def begin(self) -> None:
-        """A new execution: it is judged only by what it writes, so a measurement from
-        before it (even one still running) is no baseline for it."""
-        self._running = None  # a measurement in flight finishes unread
-        self._previous = None
+        """A new execution: only a stop from now on concerns it."""
+        self._stopped = False
+        self.strikes = 0
 
-    def _collect(self) -> None:
-        task = self._running
-        if task is None or not task.done():
-            return
-        self._running = None
-        if task.exception() is None:
-            if self.usage is not None and self.files is not None:
-                self._previous = (self.usage, self.files)
-            self.usage, self.files = task.result()
+    def ended(self) -> None:
+        """The execution ended: an idle period begins, and its first look is a baseline."""
+        self.strikes = 0
+        self.rebase()
+
+    def stop_running_code(self) -> None:
+        """The patrol stopped the running code for the disk limit."""
+        self._stopped = True
+
+    def stopped(self) -> Literal["disk"] | None:
+        """'disk' once the patrol stopped the running execution's code, else None."""
+        return "disk" if self._stopped else None
+
+
+def _devices(paths: Sequence[Path]) -> dict[int, str]:
+    devices: dict[int, str] = {}
+    for path in paths:
+        try:
+            devices.setdefault(os.lstat(path).st_dev, str(path))
+        except OSError:
+            continue
+    return devices

@@ -90,6 +90,14 @@ def _entries(runtime: PythonRuntime) -> tuple[_Entry, ...]:
     )
 
 
+def repair_note(repaired: list[str]) -> str:
+    """What a result tells the agent once its package prefix was repaired."""
+    return (
+        f"the session's package prefix was damaged and has been repaired "
+        f"({', '.join(repaired)} in {SANDBOX_ENV}); installed packages are kept"
+    )
+
+
 def repair_session_env(env_dir: Path, runtime: PythonRuntime) -> list[str]:
     """Put back what the host relies on in an existing package prefix; the names repaired.
 

@@ -1,368 +1,49 @@
-"""The escape battery: each test is one attempt to get out of a real session's sandbox.
-
-Every attempt runs real code in a real sandboxed kernel, the way an agent's code would, and
-asserts the exact way DESIGN section 3, 5 and 7 say it must fail. One service serves the
-module with two sessions: A (`esc-a`, a read-write project mount) and B (`esc-b`), under small
-limits (256 MiB memory, 64 tasks, a 64 MiB workspace, a 32 MiB /tmp). Beside them run a real
-corral server on 127.0.0.1 (serving that same service) and a host web server on 127.0.0.2;
-each counts the requests it gets. A unique secret file and a fake ~/.ssh key are planted on
-the host, and every execution's output is checked for them.
-
-The summary line at the end of the run says how many attempts were tried and how many
-were blocked (a blocked attempt is a test that passed).
-"""
+"""Escape attempts from code running inside a session's sandbox."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import json
 import os
-import secrets
 import shutil
 import socket
 import stat
-import tempfile
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
 import pytest
-import uvicorn
 
-from corral.config import Settings
 from corral.errors import PathRefused
 from corral.kernels.results import ExecutionResult
-from corral.sandbox.disk import MEASURE_INTERVAL_S
-from corral.server.app import build_app
-from corral.service import Service
+from corral.sandbox.writers import name_of
 from corral.tokens import load_tokens
-from tests.conftest import make_settings
-from tests.server.conftest import free_port
-from tests.snippets import fork_loop, git, snapshot
-
-MIB = 1024 * 1024
-MEMORY = 256 * MIB
-TASKS = 64
-WORKSPACE = 64 * MIB
-FILES = 3000  # files and directories in the workspace, package prefix and run directory
-TMP = 32 * MIB
-EXEC_S = 25.0
-A = "esc-a"  # with the project mounted read-write at /workspace/proj
-B = "esc-b"
-P = "/workspace/proj"
-WEB_HOST = "127.0.0.2"
-TOKEN = secrets.token_hex(8)
-SECRET = f"corral-escape-secret-{TOKEN}"
-SSH_KEY = f"FAKE-PRIVATE-KEY-{TOKEN}"
-HOST_VAR = "CORRAL_ESCAPE_HOST_VARIABLE"
-
-
-# -- the host side ------------------------------------------------------------------------------
-
-
-@dataclass
-class Host:
-    """What the tests plant and run on the host, and the service under attack."""
-
-    service: Service
-    settings: Settings
-    secret: Path
-    ssh_key: Path
-    repo: Path
-    server_port: int
-    server_hits: list[str]
-    web_port: int
-    web_hits: list[int]
-
-
-class _CountingWeb(http.server.ThreadingHTTPServer):
-    """A host web server that counts every connection it accepts."""
-
-    daemon_threads = True
-    hits: list[int]
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        self.hits.append(1)
-        return True
-
-
-class _Quiet(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = SECRET.encode()  # a host service holding a secret
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Requests are counted, not logged."""
-
-
-@contextlib.contextmanager
-def counting_web() -> Iterator[tuple[int, list[int]]]:
-    httpd = _CountingWeb((WEB_HOST, 0), _Quiet)
-    httpd.hits = []
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
-        yield int(httpd.server_address[1]), httpd.hits
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
-
-
-@contextlib.asynccontextmanager
-async def corral_server(settings: Settings, service: Service) -> AsyncIterator[list[str]]:
-    """The real corral app for `service` on 127.0.0.1:settings.port; yields its request log.
-
-    It runs on the test's event loop, so the app and the tests share the one open service
-    (the lifespan is off: the service is already open).
-    """
-    app = build_app(settings, service, load_tokens(settings.config_dir, env={}))
-    hits: list[str] = []
-
-    async def counted(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            hits.append(scope["path"])
-        await app(scope, receive, send)
-
-    config = uvicorn.Config(
-        counted,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        lifespan="off",
-        interface="asgi3",
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if task.done() or time.monotonic() > deadline:
-            raise RuntimeError("the corral server did not start")
-        await asyncio.sleep(0.02)
-    try:
-        yield hits
-    finally:
-        server.should_exit = True
-        await task
-
-
-def make_repo(base: Path) -> Path:
-    """A project the host trusts: a git repository (with git's sample hooks) and settings."""
-    repo = base / "proj"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "main.py").write_text("print('hi')\n")
-    (repo / ".claude").mkdir()
-    (repo / ".claude" / "settings.json").write_text('{"hooks": {}}\n')
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "start")
-    return repo
-
-
-@pytest.fixture(scope="module")
-async def host(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Host]:
-    base = tmp_path_factory.mktemp("escapes").resolve()
-    secret = base / "secret" / "host-secret.txt"
-    secret.parent.mkdir()
-    secret.write_text(SECRET + "\n")
-    ssh_key = base / "home" / ".ssh" / "id_ed25519"
-    ssh_key.parent.mkdir(parents=True)
-    ssh_key.write_text(SSH_KEY + "\n")
-    ssh_key.chmod(0o600)
-    repo = make_repo(base)
-    run = Path(tempfile.mkdtemp(prefix="crx", dir="/tmp"))
-    settings = make_settings(
-        base / "state",
-        run,
-        config_dir=base / "config",
-        port=free_port(),
-        memory_bytes=MEMORY,
-        tasks=TASKS,
-        workspace_bytes=WORKSPACE,
-        workspace_files=FILES,
-        tmp_size_bytes=TMP,
-        exec_timeout_s=30.0,
-        mounts=f"proj={repo}:rw",
-    )
-    try:
-        with pytest.MonkeyPatch.context() as patch, counting_web() as (web_port, web_hits):
-            patch.setenv(HOST_VAR, SECRET)
-            async with Service(settings) as service:
-                await service.create_session(A, mounts=["proj"])
-                await service.create_session(B)
-                async with corral_server(settings, service) as server_hits:
-                    yield Host(
-                        service,
-                        settings,
-                        secret,
-                        ssh_key,
-                        repo,
-                        settings.port,
-                        server_hits,
-                        web_port,
-                        web_hits,
-                    )
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
-
-
-# -- counting attempts ----------------------------------------------------------------------
-
-
-class BatterySummary:
-    """A plugin registered by the module: the attempts tried and blocked, in the summary."""
-
-    def __init__(self, module_id: str) -> None:
-        self.module_id = module_id
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        outcomes: dict[str, bool] = {}
-        for kind in ("passed", "failed", "error"):
-            for report in terminalreporter.stats.get(kind, []):
-                nodeid = getattr(report, "nodeid", "")
-                if not nodeid.startswith(self.module_id + "::"):
-                    continue
-                name = nodeid.split("::")[-1]
-                blocked = kind == "passed" and report.when == "call"
-                outcomes[name] = outcomes.get(name, True) and blocked
-        if not outcomes:
-            return
-        open_ = sorted(name for name, blocked in outcomes.items() if not blocked)
-        line = (
-            f"escape battery: {len(outcomes)} attempts tried, {len(outcomes) - len(open_)} blocked"
-        )
-        terminalreporter.write_sep("-", line, bold=True, red=bool(open_), green=not open_)
-        for name in open_:
-            terminalreporter.write_line(f"NOT BLOCKED: {name}")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def battery(request: pytest.FixtureRequest) -> None:
-    """Register the summary once; each test's pass or failure is its attempt's outcome."""
-    manager = request.config.pluginmanager
-    name = f"escape-battery-{request.node.nodeid}"
-    if manager.get_plugin(name) is None:
-        manager.register(BatterySummary(request.node.nodeid), name)
-
-
-# -- running code inside -------------------------------------------------------------------
-
-
-def checked(host: Host, result: ExecutionResult) -> ExecutionResult:
-    """`result`, once its output is known to hold neither planted secret."""
-    text = result.text()
-    assert SECRET not in text, text
-    assert SSH_KEY not in text, text
-    return result
-
-
-async def execute(
-    host: Host, code: str, sid: str = A, timeout_s: float = EXEC_S
-) -> ExecutionResult:
-    result = await host.service.execute(code, session_id=sid, timeout_s=timeout_s)
-    return checked(host, result)
-
-
-async def py(host: Host, code: str, sid: str = A) -> Any:
-    """Run Python that prints one JSON value as its last line; that value."""
-    result = await execute(host, code, sid)
-    assert result.status == "ok", result.text()
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-PRELUDE = """
-import ctypes, errno, json, os, socket, subprocess, time
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-def _p(data):
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-def _sys(number, *args):
-    r = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
-    if r == -1:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-    return r
-def _c(name, *args):
-    if getattr(_libc, name)(*args) == -1:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
-def _try(f):
-    try:
-        f()
-        return 'ok'
-    except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-_buf = ctypes.create_string_buffer(256)
-_bufp = ctypes.addressof(_buf)
-"""
-
-
-async def outcomes(
-    host: Host, ops: dict[str, str], sid: str = A, setup: str = "", cleanup: str = ""
-) -> dict[str, str]:
-    """Each Python expression run inside: "ok", or the name of the errno it failed with."""
-    calls = ", ".join(f"{label!r}: _try(lambda: {expr})" for label, expr in ops.items())
-    code = f"{PRELUDE}\n{setup}\n_out = {{{calls}}}\n{cleanup}\nprint(json.dumps(_out))\n"
-    got: dict[str, str] = await py(host, code, sid)
-    return got
-
-
-def run_inside(argv: list[str]) -> str:
-    """Python that runs `argv` inside and prints {"rc": ..., "out": ...} as JSON."""
-    return (
-        "import json, subprocess\n"
-        f"_d = subprocess.run({argv!r}, capture_output=True, text=True, timeout=20)\n"
-        "print(json.dumps({'rc': _d.returncode, 'out': _d.stdout + _d.stderr}))\n"
-    )
-
-
-async def command(host: Host, argv: list[str], sid: str = A) -> tuple[int, str]:
-    done = await py(host, run_inside(argv), sid)
-    return int(done["rc"]), str(done["out"])
-
-
-async def answers(host: Host, sid: str) -> None:
-    result = await execute(host, "1 + 1", sid)
-    assert result.status == "ok", result.text()
-    assert result.results == [{"text/plain": "2"}]
-
-
-def pending_connections(listener: socket.socket) -> int:
-    """How many connections wait in `listener`'s backlog (accepted and closed here)."""
-    listener.setblocking(False)
-    count = 0
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except BlockingIOError:
-            return count
-        conn.close()
-        count += 1
-
-
-@contextlib.contextmanager
-def unix_listener(path: Path) -> Iterator[socket.socket]:
-    """A host service on a unix socket (like docker.sock or an ssh-agent)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(128)
-    try:
-        yield listener
-    finally:
-        listener.close()
-        path.unlink(missing_ok=True)
-
+from tests.conftest import disk_looked_at_again
+from tests.escapes.battery import (
+    FILES,
+    HOST_VAR,
+    MIB,
+    SECRET,
+    SSH_KEY,
+    TASKS,
+    TMP,
+    TOKEN,
+    WEB_HOST,
+    A,
+    B,
+    Host,
+    P,
+    answers,
+    command,
+    execute,
+    outcomes,
+    pending_connections,
+    py,
+    unix_listener,
+)
+from tests.snippets import fork_loop, snapshot
+from tests.waiting import until
 
 # -- host secrets through /proc ----------------------------------------------------------------
 
@@ -1022,11 +703,8 @@ def assert_stopped_by_the_disk_watch(result: ExecutionResult, words: str) -> Non
 
 
 async def assert_answers_once_measured_again(host: Host, sid: str) -> None:
-    """After its files were removed: a few measurements on, the session answers."""
-    watch = host.service.sessions.sessions[sid].disk
-    for _ in range(4):
-        await watch.check()
-        await asyncio.sleep(MEASURE_INTERVAL_S)
+    """After its files were removed: once measured again, the session answers."""
+    await disk_looked_at_again(host.service, sid)
     await answers(host, sid)
 
 
@@ -1084,6 +762,91 @@ async def test_fill_tmp(host: Host) -> None:
         B,
     )
     assert size <= TMP
+
+
+def sandbox_processes(host: Host, sid: str) -> set[str]:
+    """The names of the session's live sandbox processes (ones not yet reaped left out)."""
+    names = set()
+    for pid in host.service.sessions.sessions[sid].disk.processes():
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                names.add(name_of(pid))
+    return names
+
+
+async def stopped_while_idle(host: Host, sid: str, what: str) -> ExecutionResult:
+    """Wait until the disk patrol stopped something in the idle session; its next result."""
+    session = host.service.sessions.sessions[sid]
+    await until(lambda: session.notes, f"the disk patrol to stop {what}")
+    return await execute(host, "1 + 1", sid)
+
+
+BACKGROUND_DD = (
+    "import subprocess\n"
+    "subprocess.Popen(['bash', '-c', 'mkdir -p /workspace/bg; while true; do "
+    "dd if=/dev/zero of=/workspace/bg/$RANDOM bs=1M count=4 status=none; done'],"
+    " start_new_session=True)\n"
+    "print('started')\n"
+)
+
+
+async def test_fill_the_workspace_from_a_process_left_running(host: Host) -> None:
+    # The code ends at once; its shell loop goes on writing while nothing runs.
+    assert (await execute(host, BACKGROUND_DD, B)).stdout == "started\n"
+    after = await stopped_while_idle(host, B, "the shell loop")
+    assert after.results == [{"text/plain": "2"}]
+    assert not after.kernel_restarted
+    assert after.message is not None
+    assert "while no code ran, the session went past its workspace limit (64 MiB" in after.message
+    assert "processes that kept writing were killed: bash" in after.message
+    await until(lambda: not {"bash", "dd"} & sandbox_processes(host, B), "dd and bash gone")
+    host.service.delete_file(B, "bg", recursive=True)
+    await assert_answers_once_measured_again(host, B)
+
+
+BACKGROUND_THREAD = (
+    "import os, threading, time\n"
+    "def fill():\n"
+    "    time.sleep(0.5)\n"
+    "    os.makedirs('/workspace/th', exist_ok=True)\n"
+    "    for i in range(100000):\n"
+    "        with open(f'/workspace/th/{i}', 'wb') as f:\n"
+    "            f.write(b'x' * (1 << 20))\n"
+    "threading.Thread(target=fill, daemon=True).start()\n"
+    "print('started')\n"
+)
+
+
+async def test_fill_the_workspace_from_a_kernel_thread(host: Host) -> None:
+    # Nothing to kill but the kernel itself: its next call starts a fresh one and says why.
+    assert (await execute(host, BACKGROUND_THREAD, B)).stdout == "started\n"
+    after = await stopped_while_idle(host, B, "the kernel's thread")
+    assert after.results == [{"text/plain": "2"}]
+    assert after.kernel_restarted
+    assert after.message is not None
+    assert "the python kernel kept writing while none of its code ran" in after.message
+    host.service.delete_file(B, "th", recursive=True)
+    await assert_answers_once_measured_again(host, B)
+
+
+async def test_fill_the_workspace_with_a_new_writer_each_time_one_is_killed(host: Host) -> None:
+    # Killing each `dd` is not enough: the code that starts them is stopped too.
+    code = (
+        "import subprocess\n"
+        "for i in range(1000):\n"
+        "    subprocess.run(['dd', 'if=/dev/zero', f'of=/workspace/again{i}', 'bs=1M',"
+        " 'count=16', 'status=none'])\n"
+    )
+    result = await execute(host, code, B)
+    assert result.limit == "disk", result.text()
+    assert result.status in ("interrupted", "died"), result.text()
+    assert (
+        result.message is not None and "processes that kept writing were killed" in result.message
+    )
+    workspace = host.service.sessions.sessions[B].paths.workspace
+    for leftover in workspace.glob("again*"):
+        leftover.unlink()
+    await assert_answers_once_measured_again(host, B)
 
 
 async def test_grow_the_kernels_inherited_stderr(host: Host) -> None:

@@ -1,0 +1,149 @@
+"""Which sandbox processes to stop when a session writes past its disk limit.
+
+A sandbox is a process tree: the outer bwrap on the host, bwrap's init inside (pid 1 of the
+sandbox's pid namespace) and the kernel it started (pid 2), whose children are the agent's
+processes. Processes whose parents died are adopted by pid 1. A writer is stopped with the
+whole branch it belongs to (the highest ancestor that is neither the kernel nor pid 1): a
+shell loop that starts a new `dd` each time goes with its `dd`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from corral.sandbox import watchdog
+
+KERNEL_NS_PID = 2  # the command bwrap runs: the kernel
+INIT_NS_PID = 1
+
+
+@dataclass
+class Culprits:
+    """The branches to kill (their top processes, host pids), the kernels whose own threads
+    wrote, and the kernels that started a branch."""
+
+    branches: list[int] = field(default_factory=list)
+    kernels: set[int] = field(default_factory=set)
+    parents: set[int] = field(default_factory=set)
+
+
+def ns_pid(pid: int) -> int | None:
+    """The process's pid inside its innermost pid namespace; None when it is gone or not in
+    a namespace of its own (the outer bwrap, on the host)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"NSpid:"):
+                    fields = line.split()[1:]
+                    return int(fields[-1]) if len(fields) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+        return int(text[text.rfind(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def name_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as comm:
+            return comm.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return "?"
+
+
+def disk_writes(pids: Iterable[int]) -> dict[int, int]:
+    """Bytes each process has had written to a disk (the pages it dirtied, /proc/PID/io);
+    a process that is gone, or whose counters cannot be read, is left out.
+
+    A process's counters include those of the children it reaped, so a shell loop that
+    starts a new `dd` each time shows as a writer. A kernel's do not: it reaps the agent's
+    commands, so what is counted for it is what its own live threads wrote.
+    """
+    written: dict[int, int] = {}
+    for pid in pids:
+        if ns_pid(pid) == KERNEL_NS_PID:
+            count = _sum_counts(f"/proc/{pid}/task/{tid}/io" for tid in _threads(pid))
+        else:
+            count = _write_bytes(f"/proc/{pid}/io")
+        if count is not None:
+            written[pid] = count
+    return written
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def _sum_counts(paths: Iterable[str]) -> int | None:
+    counts = [n for path in paths if (n := _write_bytes(path)) is not None]
+    return sum(counts) if counts else None
+
+
+def _write_bytes(path: str) -> int | None:
+    try:
+        with open(path, "rb") as io:
+            for line in io:
+                if line.startswith(b"write_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def find_culprits(writers: Iterable[int]) -> Culprits:
+    """Sort sandbox processes that wrote into kernels and the branches holding the rest."""
+    found = Culprits()
+    for pid in writers:
+        inner = ns_pid(pid)
+        if inner is None or inner == INIT_NS_PID:
+            continue  # bwrap itself, or gone
+        if inner == KERNEL_NS_PID:
+            found.kernels.add(pid)
+        else:
+            top, parent = _branch_top(pid)
+            if top not in found.branches:
+                found.branches.append(top)
+            if parent is not None and ns_pid(parent) == KERNEL_NS_PID:
+                found.parents.add(parent)
+    return found
+
+
+def _branch_top(pid: int) -> tuple[int, int | None]:
+    """The highest ancestor of `pid` below the kernel or the sandbox's init, and its parent."""
+    top = pid
+    while (parent := parent_pid(top)) is not None:
+        if ns_pid(parent) in (None, INIT_NS_PID, KERNEL_NS_PID):
+            return top, parent
+        top = parent
+    return top, None
+
+
+def kernel_interpreter(bwrap_pid: int) -> int | None:
+    """The host pid of the kernel process in the sandbox started by `bwrap_pid`."""
+    for pid in watchdog.tree_pids(bwrap_pid):
+        if ns_pid(pid) == KERNEL_NS_PID:
+            return pid
+    return None
+
+
+def kill_branches(branches: Iterable[int]) -> list[str]:
+    """SIGKILL each branch, whole; the names of their top processes."""
+    names = []
+    for top in branches:
+        names.append(name_of(top))
+        with contextlib.suppress(OSError):
+            watchdog.kill_tree(top)
+    return names
