@@ -32,6 +32,7 @@ QUICK = Plan(
     egress_downloads=3,
     egress_connections=60,
     egress_blocks=2,
+    disk_runs=2,
 )
 # Command-line option (without the dashes) for each count of the plan it can override.
 COUNTS = {

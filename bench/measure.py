@@ -60,6 +60,7 @@ class Plan:
     egress_connections: int = 300
     egress_connect_warmup: int = 5
     egress_blocks: int = 5
+    disk_runs: int = 5
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) <= 0:

@@ -31,6 +31,7 @@ def build_metrics(samples: dict[str, Paired], plan: Plan) -> list[Metric]:
         *_concurrency_metrics(both, plan),
         *_memory_metrics(both, plan),
         *_egress_metrics(both, plan),
+        *_disk_metrics(both),
     ]
 
 
@@ -281,3 +282,28 @@ def _egress_metrics(both: Both, plan: Plan) -> list[Metric]:
         for route in ("proxy", "served", "sandbox")
     ]
     return metrics
+
+
+def _disk_metrics(both: Both) -> list[Metric]:
+    """Per writer: MiB on disk past a 64 MiB workspace limit when the patrol stopped it."""
+    writers = {
+        "python": "Python writing 1 MiB files in a loop",
+        "dd": "a shell loop of dd (16 MiB each) started by subprocess.run",
+        "dd4": "four such shell loops at once",
+    }
+    return [
+        Metric(
+            f"disk_overshoot_{name}",
+            f"Past the workspace limit: {what}",
+            "MiB",
+            "MiB the session held past its 64 MiB workspace limit right after the result "
+            "came back (the patrol's own measurement; a fresh session per sample). written in "
+            "one tick: what that writer writes in one 20 ms patrol tick at the rate it wrote "
+            "in the sample, so the ratio is the overshoot in ticks of writing.",
+            *both(f"disk_overshoot_{name}"),
+            shown=((50, "median"), (100, "max")),
+            digits=1,
+            table="disk",
+        )
+        for name, what in writers.items()
+    ]

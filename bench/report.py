@@ -34,6 +34,7 @@ TABLES = (
     Table("concurrency", "Concurrent sessions", ("corral", "baseline")),
     Table("memory", "Memory per session", ("corral", "baseline")),
     Table("egress", "Egress", ("through the proxy", "direct on the host")),
+    Table("disk", "Past the workspace limit", ("written past it", "written in one tick")),
 )
 TABLE_BY_KEY = {table.key: table for table in TABLES}
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.baseline import BaselineRoots, home_parent
 from bench.concurrency import measure_concurrency
+from bench.disk import measure_disk_overshoot
 from bench.egress import measure_egress
 from bench.footprint import measure_fleet_memory, measure_memory
 from bench.measure import (
@@ -29,7 +30,8 @@ async def collect(plan: Plan) -> dict[str, Paired]:
 
     The keys are "cold_start", "round_trip", "pool_start", "round_trip_rest",
     "round_trip_mcp", those of `measure_memory`, `measure_fleet_memory` and
-    `measure_concurrency`, and "egress_" + each key of `measure_egress`.
+    `measure_concurrency`, "egress_" + each key of `measure_egress`, and those of
+    `measure_disk_overshoot`.
 
     Temporary state, run and baseline directories are removed, the bench's server is shut
     down and every kernel is stopped before this returns or raises.
@@ -43,6 +45,7 @@ async def collect(plan: Plan) -> dict[str, Paired]:
         samples = await _sessions(workdir, roots, plan)
         egress = await measure_egress(workdir / "egress", plan)
         samples.update({f"egress_{key}": paired for key, paired in egress.items()})
+        samples.update(await measure_disk_overshoot(workdir / "disk", plan))
         return samples
     finally:
         shutil.rmtree(roots.sockets, ignore_errors=True)

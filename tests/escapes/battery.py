@@ -105,8 +105,8 @@ def counting_web() -> Iterator[tuple[int, list[int]]]:
 async def corral_server(settings: Settings, service: Service) -> AsyncIterator[list[str]]:
     """The real corral app for `service` on 127.0.0.1:settings.port; yields its request log.
 
-    It runs on the test's event loop, so the app and the tests share the one open service
-    (the lifespan is off: the service is already open).
+    It runs on the test's event loop, so the app and the tests share the one service, which
+    the app's lifespan opens (with the MCP session manager) and closes, as `corral serve`.
     """
     app = build_app(settings, service, load_tokens(settings.config_dir, env={}))
     hits: list[str] = []
@@ -121,7 +121,7 @@ async def corral_server(settings: Settings, service: Service) -> AsyncIterator[l
         host=settings.host,
         port=settings.port,
         log_level="warning",
-        lifespan="off",
+        lifespan="on",
         interface="asgi3",
     )
     server = uvicorn.Server(config)

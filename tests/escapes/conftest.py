@@ -58,20 +58,20 @@ async def host(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Host]:
     try:
         with pytest.MonkeyPatch.context() as patch, counting_web() as (web_port, web_hits):
             patch.setenv(HOST_VAR, SECRET)
-            async with Service(settings) as service:
+            service = Service(settings)
+            async with corral_server(settings, service) as server_hits:  # opens the service
                 await service.create_session(A, mounts=["proj"])
                 await service.create_session(B)
-                async with corral_server(settings, service) as server_hits:
-                    yield Host(
-                        service,
-                        settings,
-                        secret,
-                        ssh_key,
-                        repo,
-                        settings.port,
-                        server_hits,
-                        web_port,
-                        web_hits,
-                    )
+                yield Host(
+                    service,
+                    settings,
+                    secret,
+                    ssh_key,
+                    repo,
+                    settings.port,
+                    server_hits,
+                    web_port,
+                    web_hits,
+                )
     finally:
         shutil.rmtree(run, ignore_errors=True)

@@ -116,18 +116,78 @@ def _forward_request(method: str, target: str, version: str, rest: str) -> HttpR
         port = parts.port or 80
     except ValueError as exc:
         raise ProtocolError(f"bad port in {target[:200]!r}") from exc
+    target_host = parse_target(parts.hostname, port)
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    lines = [f"{method} {path} {version}"]
     header_lines = [line for line in rest.split("\r\n") if line]
+    _check_framing(header_lines)
+    authority = _check_host_header(header_lines, target_host)
+    lines = [f"{method} {path} {version}"]
+    if authority is None:
+        lines.append(f"Host: {parts.netloc}")
     drop = HOP_BY_HOP | _connection_tokens(header_lines)
     for line in header_lines:
         if line.split(":", 1)[0].strip().lower().encode() not in drop:
             lines.append(line)
     lines.append("Connection: close")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return HttpRequest(parse_target(parts.hostname, port), tunnel=False, upstream_head=head)
+    return HttpRequest(target_host, tunnel=False, upstream_head=head)
+
+
+def _headers_named(header_lines: list[str], name: str) -> list[str]:
+    return [
+        line.partition(":")[2].strip()
+        for line in header_lines
+        if line.partition(":")[0].strip().lower() == name
+    ]
+
+
+def _check_framing(header_lines: list[str]) -> None:
+    """One way to tell where the body ends, or the request is refused: a request with both
+    Content-Length and Transfer-Encoding, or two lengths, is how requests are smuggled past
+    a proxy (RFC 9112 6.3 lets an intermediary refuse it)."""
+    lengths = set(_headers_named(header_lines, "content-length"))
+    if lengths and _headers_named(header_lines, "transfer-encoding"):
+        raise ProtocolError(
+            "a request with both Content-Length and Transfer-Encoding is refused: send one"
+        )
+    if len(lengths) > 1:
+        raise ProtocolError("a request with more than one Content-Length is refused")
+
+
+def _check_host_header(header_lines: list[str], target: Target) -> str | None:
+    """The request's Host header when it names the host the URL names (None when there is
+    none); refused otherwise, so a request goes only to the site its URL names, never to
+    another one behind the same address."""
+    hosts = _headers_named(header_lines, "host")
+    if not hosts:
+        return None
+    if len(hosts) > 1:
+        raise ProtocolError("a request with more than one Host header is refused")
+    try:
+        named = parse_target(*_host_and_port(hosts[0], target.port))
+    except ProtocolError as exc:
+        raise ProtocolError(f"bad Host header {hosts[0][:200]!r}") from exc
+    if named != target:
+        raise ProtocolError(
+            f"the Host header names {hosts[0][:200]!r} but the URL names "
+            f"{target.host}:{target.port}: a request goes only to the host its URL names"
+        )
+    return hosts[0]
+
+
+def _host_and_port(value: str, default_port: int) -> tuple[str, int]:
+    """A Host header's host and port (the URL's port when it names none)."""
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+    else:
+        host, _, rest = value.partition(":")
+        rest = ":" + rest if rest else ""
+    port_text = rest[1:] if rest.startswith(":") else ""
+    if port_text and not port_text.isdigit():
+        raise ProtocolError(f"bad port in Host header {value[:200]!r}")
+    return host, int(port_text) if port_text else default_port
 
 
 def _connection_tokens(header_lines: list[str]) -> frozenset[bytes]:

@@ -332,10 +332,17 @@ class EgressProxy:
 
 
 def refusal_text(session_id: str, target: p.Target, decision: Decision) -> str:
-    """What a refused client reads: what was refused, by which rule, and how to allow it."""
+    """What a refused client reads: what was refused, by which rule, and how to allow it.
+
+    A private or loopback address is reached only when its address is listed (listing the
+    name does not admit it), so the hint names the address and port then."""
+    entry = target.host
+    if decision.private is not None:
+        shown = f"[{decision.private}]" if decision.private.version == 6 else str(decision.private)
+        entry = f"{shown}:{target.port}"
     return (
         f"corral refused {target.host}:{target.port}: {decision.rule}.\n"
-        f"The operator can allow it with: corral net allow {session_id} {target.host}\n"
+        f"The operator can allow it with: corral net allow {session_id} {entry}\n"
         "(an agent may ask with the request_network_access tool).\n"
     )
 

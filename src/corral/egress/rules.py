@@ -72,7 +72,8 @@ class Decision:
 
     allowed: bool
     rule: str
-    address: IPAddress | None = None
+    address: IPAddress | None = None  # where to connect, when allowed
+    private: IPAddress | None = None  # the non-public address a refusal was for, if any
 
 
 def make_policy(mode: str, allow: Iterable[str] = ()) -> Policy:
@@ -214,7 +215,9 @@ def decide(policy: Policy, host: str, port: int, addresses: Sequence[IPAddress])
             return Decision(True, f"allowlist: {name_rule}", address)
     if not any(is_global(address) for address in addresses):
         shown = ", ".join(str(a) for a in addresses[:3])
-        return Decision(False, f"not a public address ({shown}) and not listed by address")
+        return Decision(
+            False, f"not a public address ({shown}) and not listed by address", private=addresses[0]
+        )
     return Decision(False, f"not in the allowlist: {host}:{port}")
 
 

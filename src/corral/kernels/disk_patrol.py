@@ -1,112 +1,133 @@
-"""The disk patrol: one task that watches every running session's disk use, busy or idle.
+"""The disk patrol: one thread that watches every running session's disk use, busy or idle.
 
 Every `TICK_S` it reads the free space and inodes of the filesystems sessions write to (a
-few statvfs calls) and looks, in a thread, at each session that is due (`DiskWatch.due`).
-A look past the limit stops what writes, at once and whether code runs or not:
+few statvfs calls) and looks at each session that is due (`DiskWatch.due`). It runs in a
+thread of its own, so a busy event loop never delays a stop. A look past the limit stops
+what writes, at once and whether code runs or not:
 
 - the agent's processes that wrote since the look before, each with its branch of the
   process tree (`corral.sandbox.writers`), are killed;
-- running code whose kernel wrote itself is interrupted; so is any running code the limit
-  stops a second time (it starts writers again), and its kernel is killed at the third;
-  its result names the disk limit in any case;
+- running code whose kernel wrote itself is interrupted (SIGINT, as the kernel's own
+  interrupt does); so is any running code the limit stops a second time (it starts writers
+  again), and its kernel is killed at the third; its result names the disk limit in any case;
 - a kernel that wrote while no code of it ran (a background thread), or whose branches had
-  to be killed twice in one idle period, is killed; its next call starts a fresh kernel and
-  says why.
+  to be killed twice in one idle period, is stopped; its next call starts a fresh kernel
+  and says why.
 
-What was stopped is told in the session's next result (`Session.notes`).
+Signals are sent from the patrol's thread; what needs the event loop (stopping a kernel for
+good) is handed to it, and what was stopped is told in the session's next result
+(`Session.notes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import signal
+import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
-from corral.kernels.kernel import SandboxedKernel
 from corral.kernels.session import Session
 from corral.sandbox import writers
-from corral.sandbox.disk import BUSY_S, TICK_S, DiskWatch, Hit, free_space
+from corral.sandbox.disk import TICK_S, Hit, free_space
 from corral.sandbox.limits import format_size
 
 log = logging.getLogger(__name__)
-
 
 DropKernel = Callable[[Session, str], Awaitable[None]]
 
 
 class DiskPatrol:
-    """`drop` stops one of a session's kernels for good (its next call starts a fresh one)."""
+    """`sessions` gives a snapshot of the sessions (taken from the patrol's thread); `drop`
+    stops one of a session's kernels for good (its next call starts a fresh one)."""
 
-    def __init__(
-        self, sessions: Callable[[], Iterable[Session]], drop: DropKernel, grace_s: float
-    ) -> None:
+    def __init__(self, sessions: Callable[[], list[Session]], drop: DropKernel) -> None:
         self.sessions = sessions
         self.drop = drop
-        self.grace_s = grace_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[concurrent.futures.Future[None]] = set()
 
-    async def run(self) -> None:
-        while True:
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._patrol, name="corral-disk-patrol")
+        self._thread.daemon = True
+        self._thread.start()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        for future in list(self._pending):
+            with contextlib.suppress(Exception, concurrent.futures.CancelledError):
+                await asyncio.wrap_future(future)
+
+    def _patrol(self) -> None:
+        # Every tick even with nothing running: a session that just started is looked at
+        # within one tick, before it can write much (its first look is its baseline).
+        while not self._stop.wait(TICK_S):
             watched = [session for session in self.sessions() if session.kernels]
-            await asyncio.sleep(TICK_S if watched else BUSY_S)
             try:
-                await self.tick(watched)
+                self.tick(watched)
             except Exception:  # one bad look must not end the patrol
                 log.exception("the disk patrol's look failed")
 
-    async def tick(self, watched: list[Session]) -> None:
+    def tick(self, watched: list[Session]) -> None:
         devices: dict[int, str] = {}
         for session in watched:
             devices.update(session.disk.devices)
         free, now = free_space(devices), time.monotonic()
-        due = [s for s in watched if s.disk.due(now, s.lock.locked(), free)]
-        if not due:
-            return
-        hits = await asyncio.to_thread(_look_all, [session.disk for session in due])
-        for session, hit in zip(due, hits, strict=True):
-            if hit is not None and session.kernels:
-                await self.stop_writers(session, hit)
+        for session in watched:
+            if session.disk.due(now, session.lock.locked(), free):
+                hit = session.disk.look()
+                if hit is not None and session.kernels:
+                    self.stop_writers(session, hit)
 
-    async def stop_writers(self, session: Session, hit: Hit) -> None:
-        """Stop what wrote past the limit (see the module); notes what was stopped."""
+    def stop_writers(self, session: Session, hit: Hit) -> None:
+        """Stop what wrote past the limit (see the module), at once where a signal does."""
         culprits = writers.find_culprits(hit.writers)
         killed = writers.kill_branches(culprits.branches)
         session.disk.strikes += 1
+        strikes = session.disk.strikes
         running = _running_kernel(session)
-        stopped: list[str] = []
+        idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
             pid = writers.kernel_interpreter(kernel.pid) if kernel.pid is not None else None
             if pid is None:
                 continue
             if language == running:
-                await self._stop_running(session, kernel, pid, pid in culprits.kernels)
-            elif pid in culprits.kernels or (pid in culprits.parents and session.disk.strikes > 1):
-                await self.drop(session, language)
-                stopped.append(language)
+                session.disk.stop_running_code()
+                if strikes > 2:
+                    _signal(pid, signal.SIGKILL)  # it wrote on after its interrupt: a thread
+                elif pid in culprits.kernels or strikes > 1:
+                    # What the kernel's own interrupt does, without waiting for the loop: a
+                    # kernel ignores SIGINT between executions, so it lands in this code or
+                    # nowhere.
+                    _signal(pid, signal.SIGINT)
+            elif pid in culprits.kernels or (pid in culprits.parents and strikes > 1):
+                idle.append(language)
         session.disk.rebase()
-        note = _what_was_stopped(session, killed, stopped, running is not None)
+        if self._loop is not None:
+            finish = self._finish(session, idle, killed, running is not None)
+            future = asyncio.run_coroutine_threadsafe(finish, self._loop)
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
+
+    async def _finish(
+        self, session: Session, idle: list[str], killed: list[str], busy: bool
+    ) -> None:
+        """The part of a stop that needs the event loop; then the note for the next result."""
+        for language in idle:
+            await self.drop(session, language)
+        note = _what_was_stopped(session, killed, idle, busy)
         if note:
             session.notes.append(note)
         log.warning("session %s went past its disk limit: %s", session.id, note or "stopped")
-
-    async def _stop_running(
-        self, session: Session, kernel: SandboxedKernel, pid: int, wrote: bool
-    ) -> None:
-        """The running code: interrupted when its kernel wrote or the limit is hit again;
-        its kernel killed when it goes on writing after that."""
-        session.disk.stop_running_code()
-        strikes = session.disk.strikes
-        if strikes > 2:
-            _kill(pid)
-        elif wrote or strikes > 1:
-            await kernel.interrupt(timeout_s=self.grace_s)
-
-
-def _look_all(watches: list[DiskWatch]) -> list[Hit | None]:
-    return [watch.look() for watch in watches]
 
 
 def _running_kernel(session: Session) -> str | None:
@@ -116,10 +137,9 @@ def _running_kernel(session: Session) -> str | None:
     return call[1]
 
 
-def _kill(pid: int | None) -> None:
-    if pid is not None:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
 
 
 def _what_was_stopped(session: Session, killed: list[str], kernels: list[str], busy: bool) -> str:

@@ -70,10 +70,7 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None
-        self.disk_patrol = DiskPatrol(
-            self.sessions.values, self._drop_lost_kernel, settings.interrupt_grace_s
-        )
-        self._patrol: asyncio.Task[None] | None = None
+        self.disk_patrol = DiskPatrol(lambda: list(self.sessions.values()), self._drop_lost_kernel)
         self.closing = False  # set by begin_shutdown: no new execution starts
         self._interrupts: set[asyncio.Task[bool]] = set()
 
@@ -96,16 +93,16 @@ class SessionManager:
             self.factory.close()  # its janitor leaves: nothing was started yet
             raise
         self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
-        self._patrol = asyncio.create_task(self.disk_patrol.run(), name="corral-disk-patrol")
+        self.disk_patrol.start()
 
     async def close(self) -> None:
         """Stop every kernel; workspaces and records stay."""
         await self.warm.close()
-        for task in (self._reaper, self._patrol):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self.disk_patrol.close()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         await asyncio.gather(*(self.factory.stop_kernels(s) for s in self.sessions.values()))
         await self.factory.fonts.close()
         for session in self.sessions.values():

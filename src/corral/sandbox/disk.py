@@ -123,6 +123,7 @@ class DiskWatch:
         self.devices: dict[int, str] = {}  # a path on each filesystem the session writes to
         self._free_then: dict[int, Free] = {}
         self._written: dict[int, int] = {}
+        self._added = (0, 0)  # bytes and files the host added, in total (see `added`)
         self._stopped = False
         self._rebase = False
         self.strikes = 0  # stops since the current execution, or idle period, began
@@ -147,11 +148,16 @@ class DiskWatch:
         """Measure now; a `Hit` when past a limit and grown since the look before (the first
         look sets the baseline)."""
         started = time.monotonic()
+        added_before = self._added
         written = writers.disk_writes(self.processes())
         paths = list(self.paths())
         devices = _devices(paths)
         free = free_space(devices)  # before the walk: what it finds was written by then
         usage, files = measure(paths)
+        # What the host added during the walk may be missing from it: counted on top (at
+        # worst twice, which refuses an upload early rather than late).
+        usage += self._added[0] - added_before[0]
+        files += self._added[1] - added_before[1]
         before_bytes, before_files = self.usage, self.files
         wrote = tuple(pid for pid, n in written.items() if n > self._written.get(pid, 0))
         self.usage, self.files = usage, files
@@ -177,6 +183,7 @@ class DiskWatch:
     def added(self, size: int) -> None:
         """The host wrote `size` bytes in the session (the files API): count them now, and
         have the patrol look again soon."""
+        self._added = (self._added[0] + size, self._added[1] + 1)
         if self.usage is not None and self.files is not None:
             self.usage, self.files = self.usage + size, self.files + 1
         self.look_soon()

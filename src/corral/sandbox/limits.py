@@ -191,9 +191,9 @@ BEST_EFFORT: dict[str, tuple[str, ...]] = {
 # without a quota-enabled filesystem (see sandbox/disk.py).
 HOST_SIDE_BEST_EFFORT = ("workspace",)
 HOST_SIDE = {
-    "workspace": "RLIMIT_FSIZE per file and a watchdog on the bytes and files of the "
-    "workspace, package prefix and run directory (measured every 0.25 s while code runs: a "
-    "call can write past it before it is stopped)",
+    "workspace": "RLIMIT_FSIZE per file and a patrol on the bytes and files of the "
+    "workspace, package prefix and run directory, busy or idle (looked at within 20 ms of a "
+    "possible crossing; writers are stopped, a few MiB past it)",
     "tmpfs": "size= on the /tmp, /dev/shm and home tmpfs",
     "time": "the server interrupts, then restarts the kernel after a grace period",
     "output": "the server cuts output past the cap",

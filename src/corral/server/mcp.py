@@ -82,7 +82,11 @@ TOOLS: tuple[tuple[str, str], ...] = (
     ("stop_python_session", "Stop a session's kernels; its files and packages are kept."),
     ("list_files", "List files in the session's /workspace."),
     ("read_file", "Read a text file from the session's /workspace."),
-    ("write_file", "Write a text file into the session's /workspace (parents are created)."),
+    (
+        "write_file",
+        "Write a text file into the session's /workspace (parents are created). One call "
+        "carries at most 4 MiB (about 3 MiB of base64 content); the workspace limit applies.",
+    ),
     (
         "list_skills",
         "List the available skills (folders of instructions and scripts for PDF, Word, Excel, "
