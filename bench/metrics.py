@@ -298,7 +298,7 @@ def _disk_metrics(both: Both) -> list[Metric]:
             "MiB",
             "MiB the session held past its 64 MiB workspace limit right after the result "
             "came back (the patrol's own measurement; a fresh session per sample). written in "
-            "one tick: what that writer writes in one 20 ms patrol tick at the rate it wrote "
+            "one tick: what that writer writes in one 10 ms patrol tick at the rate it wrote "
             "in the sample, so the ratio is the overshoot in ticks of writing.",
             *both(f"disk_overshoot_{name}"),
             shown=((50, "median"), (100, "max")),

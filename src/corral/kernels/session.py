@@ -23,7 +23,6 @@ from corral.sandbox.boxes import LimitBox
 from corral.sandbox.disk import DiskWatch
 from corral.sandbox.limits import Limits
 from corral.sandbox.profile import SessionPaths
-from corral.sandbox.watchdog import tree_pids
 from corral.store import SessionRecord
 
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -127,9 +126,9 @@ class Session:
         return [self.paths.workspace, self.paths.env, *runs]
 
     def _sandbox_pids(self) -> list[int]:
-        """Every process of the session's sandboxes (host pids), each bwrap first."""
-        roots = [kernel.pid for kernel in self.kernels.values() if kernel.pid is not None]
-        return [pid for root in roots for pid in tree_pids(root)]
+        """Every process of the session's sandboxes (host pids), from its limit box."""
+        box = self.box
+        return box.processes() if box is not None else []
 
     @property
     def id(self) -> str:

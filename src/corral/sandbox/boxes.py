@@ -104,6 +104,11 @@ class LimitBox:
     async def watch(self) -> None:
         """Run for the box's life where the mechanism needs a watchdog (rlimit)."""
 
+    def processes(self) -> list[int]:
+        """Every process of the box now, as cheaply as the mechanism allows (here: walked
+        down from the gated roots through /proc)."""
+        return [pid for root in list(self.pids) for pid in watchdog.tree_pids(root)]
+
     def _tree(self) -> list[int]:
         """Every live process of the admitted sandboxes, the gated roots first."""
         found: list[int] = []
@@ -202,6 +207,9 @@ class CgroupV1Box(LimitBox):
         oom = _keyed(self.dirs["memory"] / "memory.oom_control").get("oom_kill", 0)
         refused = _keyed(self.dirs["pids"] / "pids.events").get("max", 0)
         return Counters(oom, refused)
+
+    def processes(self) -> list[int]:
+        return _pids_in(self.dirs["pids"] / "cgroup.procs")
 
     def usage(self) -> Usage:
         memory = _read_int(self.dirs["memory"] / "memory.usage_in_bytes")
@@ -311,6 +319,9 @@ class CgroupV2Box(LimitBox):
         oom = _keyed(self.dir / "memory.events").get("oom_kill", 0)
         refused = _keyed(self.dir / "pids.events").get("max", 0)
         return Counters(oom, refused)
+
+    def processes(self) -> list[int]:
+        return [pid for leaf in _leaves(self.dir) for pid in _pids_in(leaf / "cgroup.procs")]
 
     def usage(self) -> Usage:
         return Usage(_read_int(self.dir / "memory.current"), _read_int(self.dir / "pids.current"))
@@ -553,6 +564,11 @@ def _leaves(path: Path) -> list[Path]:
         return sorted(p for p in path.iterdir() if p.is_dir() and p.name.startswith("k"))
     except OSError:
         return []
+
+
+def _pids_in(procs: Path) -> list[int]:
+    """The pids a cgroup.procs file lists (none when it cannot be read)."""
+    return [int(word) for word in _read(procs).split() if word.isdigit()]
 
 
 def _kill_procs(procs: Path) -> None:

@@ -30,10 +30,12 @@ from typing import Literal
 
 from corral.sandbox import writers
 
-TICK_S = 0.02  # how often the patrol compares the filesystems' free space with the room left
+TICK_S = 0.01  # how often the patrol compares the filesystems' free space with the room left
 BUSY_S = 0.25  # the longest a running execution goes without a look
 IDLE_S = 5.0  # and an idle session (the free-space test catches writers in between)
-LOOK_SHARE = 4  # a session is looked at no more often than this many times its look's length
+# A session is looked at no more often than this many times the CPU time its look took (CPU,
+# not wall time: a look that waited on a disk busy with the writer cost the host nothing).
+LOOK_SHARE = 4
 BLOCK = 512
 
 Free = tuple[int, int]  # a filesystem's free bytes and free inodes
@@ -119,7 +121,7 @@ class DiskWatch:
         self.usage: int | None = None  # bytes, at the last look
         self.files: int | None = None  # files and directories, at the last look
         self.measured_at = 0.0
-        self.took_s = 0.0
+        self.took_s = 0.0  # CPU time of the last look
         self.devices: dict[int, str] = {}  # a path on each filesystem the session writes to
         self._free_then: dict[int, Free] = {}
         self._written: dict[int, int] = {}
@@ -147,7 +149,7 @@ class DiskWatch:
     def look(self) -> Hit | None:
         """Measure now; a `Hit` when past a limit and grown since the look before (the first
         look sets the baseline)."""
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         added_before = self._added
         written = writers.disk_writes(self.processes())
         paths = list(self.paths())
@@ -162,7 +164,7 @@ class DiskWatch:
         wrote = tuple(pid for pid, n in written.items() if n > self._written.get(pid, 0))
         self.usage, self.files = usage, files
         self.devices, self._free_then, self._written = devices, free, written
-        self.measured_at, self.took_s = started, time.monotonic() - started
+        self.measured_at, self.took_s = started, time.thread_time() - cpu
         if before_bytes is None or before_files is None or self._rebase:
             self._rebase = False
             return None

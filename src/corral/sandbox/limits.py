@@ -192,8 +192,8 @@ BEST_EFFORT: dict[str, tuple[str, ...]] = {
 HOST_SIDE_BEST_EFFORT = ("workspace",)
 HOST_SIDE = {
     "workspace": "RLIMIT_FSIZE per file and a patrol on the bytes and files of the "
-    "workspace, package prefix and run directory, busy or idle (looked at within 20 ms of a "
-    "possible crossing; writers are stopped, a few MiB past it)",
+    "workspace, package prefix and run directory, busy or idle (looked at within 10 ms of a "
+    "possible crossing; writers are stopped about one tick of writing past it)",
     "tmpfs": "size= on the /tmp, /dev/shm and home tmpfs",
     "time": "the server interrupts, then restarts the kernel after a grace period",
     "output": "the server cuts output past the cap",
