@@ -264,17 +264,19 @@ class Service:
     def write_file(self, session_id: str | None, path: str, data: bytes) -> FileEntry:
         """Write a workspace file; refused (`StorageFull`) when it would take the session
         past its workspace limit."""
-        disk = self.sessions.session_for(session_id).disk
-        room_bytes, room_files = disk.room()
-        if len(data) > room_bytes or room_files < 1:
-            limits = self.sessions.session_for(session_id).limits
+        session = self.sessions.session_for(session_id)
+        workspace = self.workspace(session_id)
+        replaced = _size_of_file(workspace, path)  # an overwrite frees what it replaces
+        room_bytes, room_files = session.disk.room()
+        if len(data) - replaced > room_bytes or (replaced == 0 and room_files < 1):
+            limits = session.limits
             raise StorageFull(
                 f"{path!r} ({format_size(len(data))}) does not fit: the workspace holds at most "
                 f"{format_size(limits.workspace_bytes)} and {limits.workspace_files} files, "
                 f"and {format_size(max(0, room_bytes))} are left; delete files to make room"
             )
-        entry = self.workspace(session_id).write(path, data)
-        disk.added(len(data))
+        entry = workspace.write(path, data)
+        session.disk.added(len(data) - replaced)
         return entry
 
     def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
@@ -461,3 +463,13 @@ def _unpack_skill(data: bytes, archive_name: str, folder: Path) -> Path:
         archive = Path(tmp) / archive_name
         archive.write_bytes(data)
         return unpack_skill_zip(archive, folder)
+
+
+def _size_of_file(workspace: Workspace, path: str) -> int:
+    """The size of the regular file at `path`, or 0 (none there, or not a file: the write
+    itself refuses what it must)."""
+    try:
+        entry = workspace.stat(path)
+    except CorralError:
+        return 0
+    return entry.size_bytes if entry.kind == "file" else 0

@@ -175,8 +175,11 @@ async def test_fill_the_workspace_through_the_rest_files_api(
     async with rest(host) as client:
         first = await client.put(base, params={"path": "up1.bin"}, content=chunk)
         second = await client.put(base, params={"path": "up2.bin"}, content=chunk)
+        # Replacing the file frees what it replaces: the same size fits again.
+        again = await client.put(base, params={"path": "up1.bin"}, content=chunk)
     assert first.status_code == 201, first.text
     assert second.status_code == 507, second.text
+    assert again.status_code == 201, again.text
     error = second.json()["error"]
     assert "does not fit: the workspace holds at most 64 MiB" in error["message"]
     workspace = host.service.sessions.sessions[files_session].paths.workspace

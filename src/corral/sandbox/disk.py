@@ -183,8 +183,8 @@ class DiskWatch:
         )
 
     def added(self, size: int) -> None:
-        """The host wrote `size` bytes in the session (the files API): count them now, and
-        have the patrol look again soon."""
+        """The host wrote a file of `size` more bytes in the session (the files API; less
+        for an overwrite): count it now, and have the patrol look again soon."""
         self._added = (self._added[0] + size, self._added[1] + 1)
         if self.usage is not None and self.files is not None:
             self.usage, self.files = self.usage + size, self.files + 1
