@@ -71,7 +71,7 @@ def test_doctor_reports_the_detected_mechanism_and_each_limit(
         assert checks[name]["fix"] is None  # said once, on the mechanism's line
     # The workspace is a watchdog everywhere; the mechanism is weak only for its own limits.
     assert checks["limit workspace"]["strength"] == "weak"
-    assert "while code runs" in checks["limit workspace"]["detail"]
+    assert "busy or idle" in checks["limit workspace"]["detail"]
     assert checks["limits"]["strength"] == ("weak" if set(weak) - {"workspace"} else "ok")
     names = list(checks)
     assert names[names.index("limits") + 1 :][: len(LIMIT_CHECKS)] == LIMIT_CHECKS

@@ -89,45 +89,64 @@ class DiskPatrol:
                     self.stop_writers(session, hit)
 
     def stop_writers(self, session: Session, hit: Hit) -> None:
-        """Stop what wrote past the limit (see the module), at once where a signal does."""
+        """Stop what wrote past the limit (see the module), at once where a signal does.
+
+        The note goes to the session before any signal (the code stopped now must find it
+        when its result is made), or, when a kernel is to be stopped for good, once it is."""
         culprits = writers.find_culprits(hit.writers)
-        killed = writers.kill_branches(culprits.branches)
+        names = [writers.name_of(top) for top in culprits.branches]
         session.disk.strikes += 1
-        strikes = session.disk.strikes
         running = _running_kernel(session)
+        signals: list[tuple[int, signal.Signals]] = []
         idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
             pid = writers.kernel_interpreter(kernel.pid) if kernel.pid is not None else None
             if pid is None:
                 continue
             if language == running:
-                session.disk.stop_running_code()
-                if strikes > 2:
-                    _signal(pid, signal.SIGKILL)  # it wrote on after its interrupt: a thread
-                elif pid in culprits.kernels or strikes > 1:
-                    # What the kernel's own interrupt does, without waiting for the loop: a
-                    # kernel ignores SIGINT between executions, so it lands in this code or
-                    # nowhere.
-                    _signal(pid, signal.SIGINT)
-            elif pid in culprits.kernels or (pid in culprits.parents and strikes > 1):
+                if signum := _stop_signal(session.disk.strikes, pid in culprits.kernels):
+                    signals.append((pid, signum))
+            elif pid in culprits.kernels or (pid in culprits.parents and session.disk.strikes > 1):
                 idle.append(language)
+        if running is not None:
+            session.disk.stop_running_code()
+        note = _what_was_stopped(session, names, idle, running is not None)
+        if not idle:
+            _tell(session, note)
+        writers.kill_branches(culprits.branches)
+        for pid, signum in signals:
+            _signal(pid, signum)
         session.disk.rebase()
-        if self._loop is not None:
-            finish = self._finish(session, idle, killed, running is not None)
-            future = asyncio.run_coroutine_threadsafe(finish, self._loop)
+        if idle and self._loop is not None:
+            future = asyncio.run_coroutine_threadsafe(self._drop(session, idle, note), self._loop)
             self._pending.add(future)
             future.add_done_callback(self._pending.discard)
 
-    async def _finish(
-        self, session: Session, idle: list[str], killed: list[str], busy: bool
-    ) -> None:
-        """The part of a stop that needs the event loop; then the note for the next result."""
-        for language in idle:
+    async def _drop(self, session: Session, languages: list[str], note: str) -> None:
+        """Stop, through the event loop, the kernels that wrote while idle; then tell the
+        session (its next call, which starts a fresh kernel)."""
+        for language in languages:
             await self.drop(session, language)
-        note = _what_was_stopped(session, killed, idle, busy)
-        if note:
-            session.notes.append(note)
-        log.warning("session %s went past its disk limit: %s", session.id, note or "stopped")
+        _tell(session, note)
+
+
+def _stop_signal(strikes: int, wrote: bool) -> signal.Signals | None:
+    """For running code: SIGINT (what the kernel's own interrupt does, without waiting for
+    the loop; a kernel ignores SIGINT between executions, so it lands in this code or
+    nowhere) when its kernel wrote or it is stopped a second time; SIGKILL when it goes on
+    after that (a thread of its own); nothing at a first stop of writers it started."""
+    if strikes > 2:
+        return signal.SIGKILL
+    if wrote or strikes > 1:
+        return signal.SIGINT
+    return None
+
+
+def _tell(session: Session, note: str) -> None:
+    """The note for the session's next result (read by the event loop: one append)."""
+    if note:
+        session.notes.append(note)
+    log.warning("session %s went past its disk limit: %s", session.id, note or "stopped")
 
 
 def _running_kernel(session: Session) -> str | None:

@@ -139,11 +139,8 @@ def kernel_interpreter(bwrap_pid: int) -> int | None:
     return None
 
 
-def kill_branches(branches: Iterable[int]) -> list[str]:
-    """SIGKILL each branch, whole; the names of their top processes."""
-    names = []
+def kill_branches(branches: Iterable[int]) -> None:
+    """SIGKILL each branch, whole."""
     for top in branches:
-        names.append(name_of(top))
         with contextlib.suppress(OSError):
             watchdog.kill_tree(top)
-    return names
