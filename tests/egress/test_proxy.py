@@ -1028,3 +1028,19 @@ async def test_opening_one_session_twice_at_once_leaves_one_listener(
     assert len(_servers_listening_at(path)) == 1
     await h.proxy.close(SID)
     assert _servers_listening_at(path) == []
+
+
+async def test_closing_a_session_while_its_socket_opens_leaves_no_listener(
+    start: Any, tmp_path: Path
+) -> None:
+    # A session deleted while its kernel starts: the close must wait for the open, or the
+    # listener the open binds afterwards belongs to nobody.
+    h = await start({})
+    path = tmp_path / "closing.sock"
+    opening = asyncio.create_task(h.proxy.open(SID, path))
+    while SID not in h.proxy.sessions:  # the open is under way: binding its listener
+        await asyncio.sleep(0)
+    await h.proxy.close(SID)  # before the open has finished
+    await opening
+    assert _servers_listening_at(path) == []
+    assert SID not in h.proxy.sessions

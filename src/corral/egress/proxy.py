@@ -113,8 +113,8 @@ class EgressProxy:
         self.resolver = resolver
         self.limits = limits or ProxyLimits()
         self.sessions: dict[str, SessionEgress] = {}
-        # A session's kernels start together and each asks for its socket: one open at a
-        # time, or the second would bind a listener of its own that nothing ever closes.
+        # A session's kernels start together and each asks for its socket: one open (or
+        # close) at a time, or a listener bound meanwhile would be one nothing ever closes.
         self._opening = asyncio.Lock()
 
     async def open(self, session_id: str, socket_path: Path) -> None:
@@ -152,8 +152,10 @@ class EgressProxy:
 
     async def close(self, session_id: str) -> None:
         """Stop listening for the session, cut its tunnels, and remove its socket and (when
-        empty) the socket's directory."""
-        egress = self.sessions.pop(session_id, None)
+        empty) the socket's directory. It waits for an open in progress (a kernel starting
+        while its session is deleted), or the listener that open makes would outlive it."""
+        async with self._opening:
+            egress = self.sessions.pop(session_id, None)
         if egress is None:
             return
         self._stop(egress)

@@ -161,7 +161,11 @@ class DiskWatch:
         usage += self._added[0] - added_before[0]
         files += self._added[1] - added_before[1]
         before_bytes, before_files = self.usage, self.files
-        wrote = tuple(pid for pid, n in written.items() if n > self._written.get(pid, 0))
+        wrote = tuple(
+            pid
+            for pid, n in written.items()
+            if writers.wrote_enough(pid, self._written.get(pid), n)
+        )
         self.usage, self.files = usage, files
         self.devices, self._free_then, self._written = devices, free, written
         self.measured_at, self.took_s = started, time.thread_time() - cpu

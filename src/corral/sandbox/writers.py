@@ -18,6 +18,10 @@ from corral.sandbox import watchdog
 
 KERNEL_NS_PID = 2  # the command bwrap runs: the kernel
 INIT_NS_PID = 1
+# A kernel writes a little of its own now and then (caches, compiled modules); counted as a
+# writer only past this much between two looks, which a thread filling the disk passes at
+# once.
+KERNEL_WRITE_FLOOR = 1024 * 1024
 
 
 @dataclass
@@ -101,6 +105,14 @@ def _write_bytes(path: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def wrote_enough(pid: int, before: int | None, now: int) -> bool:
+    """Whether `pid` counts as a writer since the look before (when it wrote `before`; None:
+    it was not seen then, so all it ever wrote counts)."""
+    grown = now - (before or 0)
+    floor = KERNEL_WRITE_FLOOR if ns_pid(pid) == KERNEL_NS_PID else 1
+    return grown >= floor
 
 
 def find_culprits(writers: Iterable[int]) -> Culprits:
