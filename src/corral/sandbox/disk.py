@@ -124,7 +124,7 @@ class DiskWatch:
         self.took_s = 0.0  # CPU time of the last look
         self.devices: dict[int, str] = {}  # a path on each filesystem the session writes to
         self._free_then: dict[int, Free] = {}
-        self._written: dict[int, int] = {}
+        self._written: writers.Counts = {}
         self._added = (0, 0)  # bytes and files the host added, in total (see `added`)
         self._stopped = False
         self._rebase = False
@@ -161,11 +161,7 @@ class DiskWatch:
         usage += self._added[0] - added_before[0]
         files += self._added[1] - added_before[1]
         before_bytes, before_files = self.usage, self.files
-        wrote = tuple(
-            pid
-            for pid, n in written.items()
-            if writers.wrote_enough(pid, self._written.get(pid), n)
-        )
+        wrote = writers.writers_since(self._written, written)
         self.usage, self.files = usage, files
         self.devices, self._free_then, self._written = devices, free, written
         self.measured_at, self.took_s = started, time.thread_time() - cpu

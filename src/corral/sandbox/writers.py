@@ -65,23 +65,44 @@ def name_of(pid: int) -> str:
         return "?"
 
 
-def disk_writes(pids: Iterable[int]) -> dict[int, int]:
+Counts = dict[tuple[int, int], int]  # (pid, tid) -> bytes written; tid 0: the whole process
+
+
+def disk_writes(pids: Iterable[int]) -> Counts:
     """Bytes each process has had written to a disk (the pages it dirtied, /proc/PID/io);
     a process that is gone, or whose counters cannot be read, is left out.
 
     A process's counters include those of the children it reaped, so a shell loop that
-    starts a new `dd` each time shows as a writer. A kernel's do not: it reaps the agent's
-    commands, so what is counted for it is what its own live threads wrote.
+    starts a new `dd` each time shows as a writer: it is counted whole (tid 0). A kernel's
+    would include the agent's commands it reaps, so it is counted thread by thread.
     """
-    written: dict[int, int] = {}
+    written: Counts = {}
     for pid in pids:
         if ns_pid(pid) == KERNEL_NS_PID:
-            count = _sum_counts(f"/proc/{pid}/task/{tid}/io" for tid in _threads(pid))
-        else:
-            count = _write_bytes(f"/proc/{pid}/io")
-        if count is not None:
-            written[pid] = count
+            for tid in _threads(pid):
+                if (count := _write_bytes(f"/proc/{pid}/task/{tid}/io")) is not None:
+                    written[(pid, int(tid))] = count
+        elif (count := _write_bytes(f"/proc/{pid}/io")) is not None:
+            written[(pid, 0)] = count
     return written
+
+
+def writers_since(before: Counts, now: Counts) -> tuple[int, ...]:
+    """The pids that wrote between two snapshots. A process is judged by its whole counters
+    (all it ever wrote, when it is new). A kernel by its threads seen both times: a thread
+    not seen before (new, or unreadable then) has a total, not a delta, so it counts from
+    the next look; and only past `KERNEL_WRITE_FLOOR`, its own small writes left aside."""
+    grown: dict[int, int] = {}
+    kernels: set[int] = set()
+    for (pid, tid), count in now.items():
+        if tid == 0:
+            grown[pid] = count - before.get((pid, 0), 0)
+        elif (pid, tid) in before:
+            kernels.add(pid)
+            grown[pid] = grown.get(pid, 0) + count - before[(pid, tid)]
+    return tuple(
+        pid for pid, n in grown.items() if n >= (KERNEL_WRITE_FLOOR if pid in kernels else 1)
+    )
 
 
 def _threads(pid: int) -> list[str]:
@@ -89,11 +110,6 @@ def _threads(pid: int) -> list[str]:
         return os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
-
-
-def _sum_counts(paths: Iterable[str]) -> int | None:
-    counts = [n for path in paths if (n := _write_bytes(path)) is not None]
-    return sum(counts) if counts else None
 
 
 def _write_bytes(path: str) -> int | None:
@@ -105,14 +121,6 @@ def _write_bytes(path: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def wrote_enough(pid: int, before: int | None, now: int) -> bool:
-    """Whether `pid` counts as a writer since the look before (when it wrote `before`; None:
-    it was not seen then, so all it ever wrote counts)."""
-    grown = now - (before or 0)
-    floor = KERNEL_WRITE_FLOOR if ns_pid(pid) == KERNEL_NS_PID else 1
-    return grown >= floor
 
 
 def find_culprits(writers: Iterable[int]) -> Culprits:
