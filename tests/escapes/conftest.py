@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -75,3 +76,16 @@ async def host(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Host]:
                 )
     finally:
         shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.fixture
+async def disk_sid(host: Host) -> AsyncIterator[str]:
+    """A session of the attempt's own, for one that fills the disk: deleted afterwards with
+    whatever it left (files and processes), so a failed attempt leaves no full workspace
+    to the next one."""
+    sid = f"esc-disk-{secrets.token_hex(3)}"
+    await host.service.create_session(sid)
+    try:
+        yield sid
+    finally:
+        await host.service.delete_session(sid)

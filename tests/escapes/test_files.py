@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import secrets
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,18 +40,6 @@ async def files_session(host: Host) -> AsyncIterator[str]:
         yield FILES_SID
     finally:
         await host.service.delete_session(FILES_SID)
-
-
-@pytest.fixture
-async def fill_sid(host: Host) -> AsyncIterator[str]:
-    """A session of the attempt's own, for one that fills the workspace: deleted afterwards,
-    so a failed attempt leaves no full workspace to the next one."""
-    sid = f"esc-fill-{secrets.token_hex(3)}"
-    await host.service.create_session(sid)
-    try:
-        yield sid
-    finally:
-        await host.service.delete_session(sid)
 
 
 @contextlib.asynccontextmanager
@@ -180,8 +167,8 @@ async def test_swap_in_a_link_under_the_mcp_file_tools(host: Host, files_session
 # -- writes and deletes the workspace limit and the workspace's edge must stop ----------------
 
 
-async def test_fill_the_workspace_through_the_rest_files_api(host: Host, fill_sid: str) -> None:
-    base = f"/v1/sessions/{fill_sid}/files/content"
+async def test_fill_the_workspace_through_the_rest_files_api(host: Host, disk_sid: str) -> None:
+    base = f"/v1/sessions/{disk_sid}/files/content"
     chunk = b"u" * (40 * MIB)
     async with rest(host) as client:
         first = await client.put(base, params={"path": "up1.bin"}, content=chunk)
@@ -193,20 +180,20 @@ async def test_fill_the_workspace_through_the_rest_files_api(host: Host, fill_si
     assert again.status_code == 201, again.text
     error = second.json()["error"]
     assert "does not fit: the workspace holds at most 64 MiB" in error["message"]
-    workspace = host.service.sessions.sessions[fill_sid].paths.workspace
+    workspace = host.service.sessions.sessions[disk_sid].paths.workspace
     assert not (workspace / "up2.bin").exists()
-    host.service.delete_file(fill_sid, "up1.bin")
+    host.service.delete_file(disk_sid, "up1.bin")
 
 
 async def test_fill_the_workspace_through_the_mcp_write_file_tool(
-    host: Host, fill_sid: str
+    host: Host, disk_sid: str
 ) -> None:
     big = "m" * (3 * MIB)  # under MCP's 4 MiB request cap; the workspace holds 64 MiB
     written = []
     async with mcp(host) as client:
         for i in range(30):
             result = await client.call_tool(
-                "write_file", {"session_id": fill_sid, "path": f"m{i}.txt", "content": big}
+                "write_file", {"session_id": disk_sid, "path": f"m{i}.txt", "content": big}
             )
             if result.is_error:
                 break
@@ -214,29 +201,29 @@ async def test_fill_the_workspace_through_the_mcp_write_file_tool(
     assert result.is_error and 12 <= len(written) < 22, (len(written), text_of(result))
     assert "does not fit: the workspace holds at most 64 MiB" in text_of(result)
     for name in written:
-        host.service.delete_file(fill_sid, name)
+        host.service.delete_file(disk_sid, name)
 
 
 async def test_fill_the_workspace_with_files_through_the_files_api(
-    host: Host, fill_sid: str
+    host: Host, disk_sid: str
 ) -> None:
     # The files limit (3000) counts what the API adds too: the kernel makes most of what is
     # left, the API is refused once the count is reached.
-    await disk_looked_at_again(host.service, fill_sid)
-    room = host.service.sessions.sessions[fill_sid].disk.room()[1]
+    await disk_looked_at_again(host.service, disk_sid)
+    room = host.service.sessions.sessions[disk_sid].disk.room()[1]
     await py(
         host,
         "import json, os\nos.makedirs('/workspace/many', exist_ok=True)\n"
         f"for i in range({room - 50}):\n    open(f'/workspace/many/{{i}}', 'w').close()\n"
         "print(json.dumps(1))",
-        fill_sid,
+        disk_sid,
     )
-    await disk_looked_at_again(host.service, fill_sid)
+    await disk_looked_at_again(host.service, disk_sid)
     statuses = []
     async with rest(host) as client:
         for i in range(300):
             put = await client.put(
-                f"/v1/sessions/{fill_sid}/files/content",
+                f"/v1/sessions/{disk_sid}/files/content",
                 params={"path": f"many/api{i}"},
                 content=b"",
             )
@@ -244,9 +231,9 @@ async def test_fill_the_workspace_with_files_through_the_files_api(
             if put.status_code != 201:
                 break
     assert statuses[-1] == 507, statuses
-    host.service.delete_file(fill_sid, "many", recursive=True)
-    await disk_looked_at_again(host.service, fill_sid)
-    await answers(host, fill_sid)
+    host.service.delete_file(disk_sid, "many", recursive=True)
+    await disk_looked_at_again(host.service, disk_sid)
+    await answers(host, disk_sid)
 
 
 @pytest.mark.parametrize(

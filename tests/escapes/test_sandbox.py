@@ -6,11 +6,9 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import socket
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -683,19 +681,6 @@ async def test_exhaust_memory_with_a_bytearray(host: Host) -> None:
     assert beside.results == [{"text/plain": "2"}]
     await answers(host, A)
     await answers(host, B)
-
-
-@pytest.fixture
-async def disk_sid(host: Host) -> AsyncIterator[str]:
-    """A session of the attempt's own, for one that fills the disk: deleted afterwards with
-    whatever it left (files and processes), so a failed attempt leaves no full workspace
-    to the next one."""
-    sid = f"esc-disk-{secrets.token_hex(3)}"
-    await host.service.create_session(sid)
-    try:
-        yield sid
-    finally:
-        await host.service.delete_session(sid)
 
 
 WORKSPACE_FILLER = """
