@@ -28,10 +28,11 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
 # Three workers: most tests wait on kernels and sandboxes rather than compute, so on two
-# cores three at a time halve the run (one worker used about 0.3 of a core).
+# cores three at a time halve the run (one worker used about 0.3 of a core). The slowest
+# tests are listed so that a run near its time budget shows where the time went.
 pytest: $(STAMP)
 	scripts/install-system-packages
-	$(VENV)/bin/pytest -n 3
+	$(VENV)/bin/pytest -n 3 --durations=20
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench

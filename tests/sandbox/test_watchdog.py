@@ -118,6 +118,19 @@ def test_tasks_are_a_total_over_trees() -> None:
     assert watchdog.over_tasks(trees, 60) == 2
 
 
+def test_a_tree_past_both_limits_is_named_for_its_tasks(
+    procs: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A fork bomb's children each dirty a little memory, so between two looks the trees may
+    pass the memory limit too; the cause to name is the task count."""
+    root = holders(procs, tmp_path, 2, 32)
+    trees = {root: watchdog.sample_tree(root)}
+    threads = sum(s.threads for s in trees[root])
+    assert watchdog.over_limit(trees, memory_bytes=16 * MIB, tasks=threads - 1) == ("tasks", root)
+    assert watchdog.over_limit(trees, memory_bytes=16 * MIB, tasks=threads) == ("memory", root)
+    assert watchdog.over_limit(trees, memory_bytes=1024 * MIB, tasks=threads) is None
+
+
 def test_the_cpu_budget_stops_past_the_quota_and_continues_when_paid_back() -> None:
     throttle = CpuThrottle()
     assert not throttle.decide([Sample(1, 0.0, 1, 0)], 0.5, now=0.0)  # a fresh burst

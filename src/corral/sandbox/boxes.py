@@ -433,12 +433,15 @@ class RlimitBox(LimitBox):
             if not tree:
                 self.pids.discard(root)
         trees = {root: tree for root, tree in trees.items() if tree}
-        if (victim := watchdog.over_memory(trees, self.limits.memory_bytes)) is not None:
-            self.memory_kills += 1
-            watchdog.kill_tree(victim)
-            return
-        if (victim := watchdog.over_tasks(trees, self.limits.tasks)) is not None:
-            self.kills += 1
+        passed = watchdog.over_limit(
+            trees, memory_bytes=self.limits.memory_bytes, tasks=self.limits.tasks
+        )
+        if passed is not None:
+            limit, victim = passed
+            if limit == "tasks":
+                self.kills += 1
+            else:
+                self.memory_kills += 1
             watchdog.kill_tree(victim)
             return
         self._hold_cpu([s for tree in trees.values() for s in tree])

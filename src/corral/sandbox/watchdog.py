@@ -3,11 +3,13 @@
 Without a cgroup the kernel bounds nothing over a group of processes, so the watchdog
 samples every process tree of a session's sandboxes from /proc every `TICK_S` and acts:
 
+- tasks: when the trees hold more threads than the limit, the largest tree is killed
+  (SIGKILL of every process in it). Tasks are judged before memory: a fork bomb's children
+  may pass both within one tick, and the result should name the cause;
 - memory as a total: when the trees' resident memory passes the limit (RSS first, since it
   is cheap and never below PSS; then PSS, which shares pages fairly), the largest tree is
-  killed (SIGKILL of every process in it) and counted as an OOM kill, so the result names
-  the limit `memory` as under a cgroup;
-- tasks: when the trees hold more threads than the limit, the largest tree is killed;
+  killed and counted as an OOM kill, so the result names the limit `memory` as under a
+  cgroup;
 - CPU: a token bucket. Each tick adds `cpus` x the elapsed time to a budget (at most
   `BURST_S` worth) and takes off the CPU time the trees used; while the budget is
   negative every tree is stopped (SIGSTOP), and continued (SIGCONT) once it is paid back.
@@ -117,6 +119,20 @@ def over_tasks(trees: dict[int, list[Sample]], limit: int) -> int | None:
     if not counts or sum(counts.values()) <= limit:
         return None
     return max(counts, key=counts.__getitem__)
+
+
+def over_limit(
+    trees: dict[int, list[Sample]], *, memory_bytes: int, tasks: int
+) -> tuple[str, int] | None:
+    """The limit the trees passed and the root of the tree to kill for it, or None.
+
+    Tasks are judged first: between two looks a fork bomb's children, each with a few pages
+    of its own, may pass the memory limit as well, and the cause to name is the forking."""
+    if (victim := over_tasks(trees, tasks)) is not None:
+        return "tasks", victim
+    if (victim := over_memory(trees, memory_bytes)) is not None:
+        return "memory", victim
+    return None
 
 
 def kill_tree(root: int) -> None:
