@@ -829,6 +829,63 @@ async def test_fill_the_workspace_from_a_kernel_thread(host: Host, disk_sid: str
     await assert_answers_once_measured_again(host, disk_sid)
 
 
+# Empty files dirty no data pages, so the write counters name no writer for them.
+BACKGROUND_EMPTY_FILES = (
+    "import subprocess\n"
+    "subprocess.Popen(['bash', '-c', 'mkdir -p /workspace/ef; i=0; while true; do "
+    ": > /workspace/ef/$i; i=$((i+1)); done'], start_new_session=True)\n"
+    "print('started')\n"
+)
+
+
+async def test_fill_the_workspace_with_empty_files_from_a_process_left_running(
+    host: Host, disk_sid: str
+) -> None:
+    # Whether the shell is named depends on the filesystem: where its new directory blocks
+    # count as its writes, it is killed alone; where nothing counts (tmpfs), no process can
+    # be named, and the session's kernels go with their sandboxes.
+    assert (await execute(host, BACKGROUND_EMPTY_FILES, disk_sid)).stdout == "started\n"
+    after = await stopped_while_idle(host, disk_sid, "the shell loop")
+    assert after.results == [{"text/plain": "2"}]
+    assert after.message is not None
+    assert f"while no code ran, the session went past its workspace limit (64 MiB and {FILES}" in (
+        after.message
+    )
+    named = "processes that kept writing were killed: bash" in after.message
+    unnamed = "no single process could be named" in after.message
+    assert named != unnamed, after.message
+    assert after.kernel_restarted == unnamed
+    await until(lambda: "bash" not in sandbox_processes(host, disk_sid), "the shell loop gone")
+    host.service.delete_file(disk_sid, "ef", recursive=True)
+    await assert_answers_once_measured_again(host, disk_sid)
+
+
+BACKGROUND_THREAD_EMPTY_FILES = (
+    "import os, threading, time\n"
+    "def fill():\n"
+    "    time.sleep(0.5)\n"
+    "    os.makedirs('/workspace/te', exist_ok=True)\n"
+    "    for i in range(1000000):\n"
+    "        open(f'/workspace/te/{i}', 'wb').close()\n"
+    "threading.Thread(target=fill, daemon=True).start()\n"
+    "print('started')\n"
+)
+
+
+async def test_fill_the_workspace_with_empty_files_from_a_kernel_thread(
+    host: Host, disk_sid: str
+) -> None:
+    assert (await execute(host, BACKGROUND_THREAD_EMPTY_FILES, disk_sid)).stdout == "started\n"
+    after = await stopped_while_idle(host, disk_sid, "the kernel's thread")
+    assert after.results == [{"text/plain": "2"}]
+    assert after.kernel_restarted
+    assert after.message is not None and "no single process could be named" in after.message
+    report = host.service.session_limits(disk_sid)
+    assert report.workspace_files_used is not None and report.workspace_files_used > FILES
+    host.service.delete_file(disk_sid, "te", recursive=True)
+    await assert_answers_once_measured_again(host, disk_sid)
+
+
 async def test_fill_the_workspace_with_a_new_writer_each_time_one_is_killed(
     host: Host, disk_sid: str
 ) -> None:

@@ -12,7 +12,10 @@ what writes, at once and whether code runs or not:
   again), and its kernel is killed at the third; its result names the disk limit in any case;
 - a kernel that wrote while no code of it ran (a background thread), or whose branches had
   to be killed twice in one idle period, is stopped; its next call starts a fresh kernel
-  and says why.
+  and says why;
+- when no code runs and no process can be named although the session grew by more than a
+  kernel's own small writes (files created empty dirty no data pages, so the write counters
+  miss them), every kernel of the session is stopped, and its sandbox with it.
 
 Signals are sent from the patrol's thread; what needs the event loop (stopping a kernel for
 good) is handed to it, and what was stopped is told in the session's next result
@@ -52,6 +55,7 @@ class DiskPatrol:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[concurrent.futures.Future[None]] = set()
+        self._dropping: set[tuple[str, str]] = set()  # (session, language) being stopped
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -97,6 +101,9 @@ class DiskPatrol:
         names = [writers.name_of(top) for top in culprits.branches]
         session.disk.strikes += 1
         running = _running_kernel(session)
+        # Nothing named while no code runs, yet the session grows: empty files dirty no
+        # data pages, so the writer may be anywhere in the sandboxes. They all go.
+        unnamed = running is None and not culprits.named() and hit.grew_past_noise()
         signals: list[tuple[int, signal.Signals]] = []
         idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
@@ -106,18 +113,27 @@ class DiskPatrol:
             if language == running:
                 if signum := _stop_signal(session.disk.strikes, pid in culprits.kernels):
                     signals.append((pid, signum))
-            elif pid in culprits.kernels or (pid in culprits.parents and session.disk.strikes > 1):
+            elif (session.id, language) in self._dropping:
+                continue  # already on its way out
+            elif (
+                unnamed
+                or pid in culprits.kernels
+                or (pid in culprits.parents and session.disk.strikes > 1)
+            ):
                 idle.append(language)
         if running is not None:
             session.disk.stop_running_code()
-        note = _what_was_stopped(session, names, idle, running is not None)
-        if not idle:
+        note = _what_was_stopped(session, names, idle, running is not None, unnamed)
+        if not idle and (note or running is not None):
             _tell(session, note)
+        elif not idle:
+            log.debug("session %s grew past its disk limit; nothing to stop yet", session.id)
         writers.kill_branches(culprits.branches)
         for pid, signum in signals:
             _signal(pid, signum)
         session.disk.rebase()
         if idle and self._loop is not None:
+            self._dropping.update((session.id, language) for language in idle)
             future = asyncio.run_coroutine_threadsafe(self._drop(session, idle, note), self._loop)
             self._pending.add(future)
             future.add_done_callback(self._pending.discard)
@@ -125,8 +141,11 @@ class DiskPatrol:
     async def _drop(self, session: Session, languages: list[str], note: str) -> None:
         """Stop, through the event loop, the kernels that wrote while idle; then tell the
         session (its next call, which starts a fresh kernel)."""
-        for language in languages:
-            await self.drop(session, language)
+        try:
+            for language in languages:
+                await self.drop(session, language)
+        finally:
+            self._dropping.difference_update((session.id, language) for language in languages)
         _tell(session, note)
 
 
@@ -146,7 +165,9 @@ def _tell(session: Session, note: str) -> None:
     """The note for the session's next result (read by the event loop: one append)."""
     if note:
         session.notes.append(note)
-    log.warning("session %s went past its disk limit: %s", session.id, note or "stopped")
+    log.warning(
+        "session %s went past its disk limit: %s", session.id, note or "its running code stopped"
+    )
 
 
 def _running_kernel(session: Session) -> str | None:
@@ -161,12 +182,22 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def _what_was_stopped(session: Session, killed: list[str], kernels: list[str], busy: bool) -> str:
+def _what_was_stopped(
+    session: Session, killed: list[str], kernels: list[str], busy: bool, unnamed: bool = False
+) -> str:
     """The note for the next result. A running execution's result names the limit itself
     (`describe_hit`); an idle session's next result must say it all."""
     parts = []
     if killed:
         parts.append(f"processes that kept writing were killed: {', '.join(sorted(set(killed)))}")
+    if unnamed and kernels:
+        parts.append(
+            "no single process could be named for the growth (files created empty leave no "
+            f"trace in the write counters), so the session's kernels ({', '.join(kernels)}) "
+            "were stopped with every process they started: the next call starts a fresh "
+            "kernel (variables lost, files kept)"
+        )
+        kernels = []
     for language in kernels:
         parts.append(
             f"the {language} kernel kept writing while none of its code ran (a background "

@@ -37,6 +37,9 @@ IDLE_S = 5.0  # and an idle session (the free-space test catches writers in betw
 # not wall time: a look that waited on a disk busy with the writer cost the host nothing).
 LOOK_SHARE = 4
 BLOCK = 512
+# Files a kernel may add between two looks on its own (sockets, caches); past it, with no
+# writer named, the growth is the agent's.
+FILES_NOISE = 64
 
 Free = tuple[int, int]  # a filesystem's free bytes and free inodes
 
@@ -99,6 +102,12 @@ class Hit:
     usage: int
     files: int
     writers: tuple[int, ...]  # host pids that wrote to a disk since the look before
+    grown: tuple[int, int] = (0, 0)  # bytes and files added since the look before
+
+    def grew_past_noise(self) -> bool:
+        """Whether the growth is more than a kernel's own small writes (a cache file, a
+        socket) could make: a sign that something writes, named or not."""
+        return self.grown[0] >= writers.KERNEL_WRITE_FLOOR or self.grown[1] >= FILES_NOISE
 
 
 class DiskWatch:
@@ -170,7 +179,9 @@ class DiskWatch:
             return None
         grew_bytes = usage > self.limit_bytes() and usage > before_bytes
         grew_files = files > self.limit_files() and files > before_files
-        return Hit(usage, files, wrote) if grew_bytes or grew_files else None
+        if not (grew_bytes or grew_files):
+            return None
+        return Hit(usage, files, wrote, (usage - before_bytes, files - before_files))
 
     def room(self) -> tuple[int, int]:
         """Bytes and files the session may still add, as of the last look (a first look is

@@ -33,6 +33,10 @@ class Culprits:
     kernels: set[int] = field(default_factory=set)
     parents: set[int] = field(default_factory=set)
 
+    def named(self) -> bool:
+        """Whether any process was found to stop."""
+        return bool(self.branches or self.kernels)
+
 
 def ns_pid(pid: int) -> int | None:
     """The process's pid inside its innermost pid namespace; None when it is gone or not in

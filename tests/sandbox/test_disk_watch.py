@@ -1,0 +1,49 @@
+"""`DiskWatch` on a real directory (no sandbox): when a look is a hit, and what it says grew."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.sandbox.disk import FILES_NOISE, DiskWatch
+
+MIB = 1024 * 1024
+
+
+def add_empty_files(root: Path, start: int, count: int) -> None:
+    for i in range(start, start + count):
+        (root / f"f{i}").touch()
+
+
+def test_a_look_past_the_limit_says_how_much_was_added_since_the_one_before(
+    tmp_path: Path,
+) -> None:
+    watch = DiskWatch(lambda: [tmp_path], lambda: 64 * MIB, lambda: 10)
+    assert watch.look() is None  # the baseline
+    add_empty_files(tmp_path, 0, 20)
+    hit = watch.look()
+    assert hit is not None and hit.files == 20 and hit.grown == (0, 20)
+    assert not hit.grew_past_noise()  # as few as a kernel may add on its own
+    add_empty_files(tmp_path, 20, FILES_NOISE)
+    hit = watch.look()
+    assert hit is not None and hit.grown == (0, FILES_NOISE)
+    assert hit.grew_past_noise()
+    assert watch.look() is None  # past the limit, not growing: left alone
+
+
+def test_bytes_past_the_floor_are_growth_past_noise(tmp_path: Path) -> None:
+    watch = DiskWatch(lambda: [tmp_path], lambda: MIB, lambda: 1000)
+    assert watch.look() is None
+    (tmp_path / "big").write_bytes(b"x" * 2 * MIB)
+    hit = watch.look()
+    assert hit is not None and hit.grown[0] >= 2 * MIB and hit.grew_past_noise()
+
+
+def test_after_a_rebase_the_next_look_is_a_baseline(tmp_path: Path) -> None:
+    watch = DiskWatch(lambda: [tmp_path], lambda: 64 * MIB, lambda: 10)
+    assert watch.look() is None
+    watch.rebase()
+    add_empty_files(tmp_path, 0, 20)
+    assert watch.look() is None
+    add_empty_files(tmp_path, 20, 5)
+    hit = watch.look()
+    assert hit is not None and hit.grown == (0, 5)
