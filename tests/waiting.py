@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 
 
 async def until(check: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
-    """Return once `check()` is true; fail naming `what` when `timeout_s` passes first."""
+    """Return once `check()` is true (awaited, when it gives an awaitable); fail naming
+    `what` when `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while not await _value(check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
         await asyncio.sleep(0.01)
+
+
+async def _value(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value

@@ -4,16 +4,21 @@ One SQLite table, `audit`, in the same database file as the session store (`Sett
 but with its own connection. Every entry has a `kind`:
 
     execution   code sent to a kernel: language, the code as sent, status, duration, output bytes
+                (status `running` from the moment the code is sent until it ends; a server that
+                stopped before it ended leaves it `interrupted`, detail `interrupted`)
     session     a session event (created, started, stopped, restarted, deleted, idle-stopped)
     admin       an operator action: its name, its target and a JSON detail
     network     an egress decision (recorded through `record`; detail: host, port, address, ...)
     bridge      a connection to the SSH agent bridge: "relayed" or why it was refused
     protected   protected files of a project mount the sandbox changed or created (names only)
+    server      how the server's last run ended, when it did not stop cleanly
 
 Columns shared by every kind: `id`, `at` (epoch seconds), `kind`, `session`, `actor`, `action`
 (the event or action name), `target` and `detail` (a JSON object). Executions also fill
 `language`, `code`, `duration_s`, `status` and `output_bytes`. Ids only grow, so `id` orders
-entries by the time they were recorded and is the paging cursor.
+entries by the time they were recorded and is the paging cursor. An entry written with a
+`key` (the audit writer's journal gives every entry one) is written once however often it is
+written again, so a journal can be replayed whole.
 
 The log is bounded: rows older than `max_age_s` and the oldest rows past `max_rows` are removed
 on open and every `ROTATE_EVERY_WRITES` writes, never on every write. Code past
@@ -38,14 +43,16 @@ from typing import Any, Final
 from corral.errors import InvalidInput, SandboxError, StateUnavailable
 from corral.store import database_problem, open_database
 
-# One row's values, in the order of the INSERT in `AuditLog._insert_row`.
-_Row = tuple[Any, ...]
+# One write: a statement and its parameters.
+_Write = tuple[str, tuple[Any, ...]]
 
-KINDS: Final = ("execution", "session", "admin", "network", "bridge", "protected")
+KINDS: Final = ("execution", "session", "admin", "network", "bridge", "protected", "server")
 # "system" is corral acting on its own, e.g. stopping an idle session.
 ACTORS: Final = ("agent", "admin", "cli", "system")
 SESSION_EVENTS: Final = ("created", "started", "stopped", "restarted", "deleted", "idle-stopped")
 STATUSES: Final = ("ok", "error", "timeout", "interrupted", "died")
+RUNNING: Final = "running"  # an execution's status while its code runs
+SERVER_EVENTS: Final = ("stopped-uncleanly",)
 
 MAX_CODE_BYTES: Final = 1024 * 1024
 MAX_QUERY_LIMIT: Final = 1000
@@ -68,12 +75,20 @@ CREATE TABLE IF NOT EXISTS audit (
     code TEXT,
     duration_s REAL,
     status TEXT,
-    output_bytes INTEGER
+    output_bytes INTEGER,
+    entry_key TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_kind_id ON audit(kind, id);
 CREATE INDEX IF NOT EXISTS audit_session_id ON audit(session, id);
 CREATE INDEX IF NOT EXISTS audit_at ON audit(at);
 """
+# Made after the schema, once a database from before keys has the column (`_add_keys`).
+_KEY_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS audit_entry_key ON audit(entry_key)"
+_INSERT: Final = (
+    "INSERT OR IGNORE INTO audit(at, kind, session, actor, action, target, detail, "
+    "language, code, duration_s, status, output_bytes, entry_key) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 _COLUMNS = (
     "id, at, kind, session, actor, action, target, detail, "
@@ -155,13 +170,15 @@ class AuditLog:
         self._max_age_s = max_age_s
         self._lock = threading.Lock()
         self._writes_since_rotation = 0
-        self._pending: list[_Row] = []  # entries the database refused, oldest first
+        self._pending: list[_Write] = []  # writes the database refused, oldest first
+        self.dropped = 0  # refused writes let go past `MAX_PENDING`
         self._db = open_database(path, _SCHEMA, "the audit log")
         try:
-            self.rotate()
+            _add_keys(self._db)
         except SandboxError:
             self._db.close()
             raise
+        self._rotate_quietly()  # a database locked by another program must not stop a start
 
     def record_execution(
         self,
@@ -174,26 +191,72 @@ class AuditLog:
         output_bytes: int,
         actor: str = "agent",
         at: float | None = None,
+        key: str | None = None,
     ) -> int:
-        """Record code sent to a kernel; `at` is when it started, `duration_s` how long it ran."""
-        if status not in STATUSES:
-            raise InvalidInput(f"unknown execution status {status!r}; expected one of {STATUSES}")
-        if not language:
-            raise InvalidInput("an execution needs a language")
-        if not (math.isfinite(duration_s) and duration_s >= 0):
-            raise InvalidInput(f"duration_s must be a non-negative number, not {duration_s!r}")
-        if output_bytes < 0:
-            raise InvalidInput(f"output_bytes must not be negative, not {output_bytes}")
-        stored, detail = _bound_code(code)
-        return self._insert(
-            kind="execution",
-            actor=actor,
-            action="execute",
-            session=session,
-            target=None,
-            detail=detail,
-            at=at,
-            execution=(language, stored, float(duration_s), status, output_bytes),
+        """Record code sent to a kernel, once it ended; `at` is when it started, `duration_s`
+        how long it ran."""
+        _check_outcome(status, duration_s, output_bytes)
+        return self._insert_execution(
+            session,
+            language,
+            code,
+            actor,
+            at,
+            key,
+            status=status,
+            duration_s=float(duration_s),
+            output_bytes=output_bytes,
+        )
+
+    def begin_execution(
+        self,
+        session: str,
+        language: str,
+        code: str,
+        *,
+        key: str,
+        actor: str = "agent",
+        at: float | None = None,
+    ) -> int:
+        """Record code about to be sent to a kernel: status `running` until `end_execution`."""
+        return self._insert_execution(
+            session,
+            language,
+            code,
+            actor,
+            at,
+            key,
+            status=RUNNING,
+            duration_s=None,
+            output_bytes=None,
+        )
+
+    def end_execution(
+        self, begun: str, *, status: str, duration_s: float, output_bytes: int
+    ) -> int:
+        """Complete the entry `begin_execution` made with key `begun`; returns how many
+        entries changed (0 when there is none: rotated away, or never begun)."""
+        _check_outcome(status, duration_s, output_bytes)
+        return self._write(
+            "an execution",
+            (
+                "UPDATE audit SET status = ?, duration_s = ?, output_bytes = ? "
+                "WHERE entry_key = ? AND kind = 'execution'",
+                (status, float(duration_s), output_bytes, begun),
+            ),
+        )
+
+    def mark_interrupted(self, reason: str) -> int:
+        """Executions still `running` (the server stopped before they ended): `interrupted`,
+        with `reason` as their detail's `interrupted`; returns how many."""
+        return self._write(
+            "an execution",
+            (
+                "UPDATE audit SET status = 'interrupted', "
+                "detail = json_set(detail, '$.interrupted', ?) "
+                "WHERE kind = 'execution' AND status = ?",
+                (reason, RUNNING),
+            ),
         )
 
     def record_session(
@@ -204,10 +267,11 @@ class AuditLog:
         actor: str,
         detail: Mapping[str, Any] | None = None,
         at: float | None = None,
+        key: str | None = None,
     ) -> int:
         """Record a session event, one of `SESSION_EVENTS`."""
         return self.record(
-            "session", actor=actor, action=event, session=session, detail=detail, at=at
+            "session", actor=actor, action=event, session=session, detail=detail, at=at, key=key
         )
 
     def record_admin(
@@ -219,6 +283,7 @@ class AuditLog:
         detail: Mapping[str, Any] | None = None,
         session: str | None = None,
         at: float | None = None,
+        key: str | None = None,
     ) -> int:
         """Record an operator action on `target`; `session` when it concerns one session."""
         return self.record(
@@ -229,6 +294,7 @@ class AuditLog:
             target=target,
             detail=detail,
             at=at,
+            key=key,
         )
 
     def record(
@@ -241,15 +307,15 @@ class AuditLog:
         target: str | None = None,
         detail: Mapping[str, Any] | None = None,
         at: float | None = None,
+        key: str | None = None,
     ) -> int:
         """Record an entry of any kind but "execution" (which needs `record_execution`)."""
         if kind == "execution":
             raise InvalidInput("executions are recorded with record_execution")
         _check_kind(kind)
-        if kind == "session" and action not in SESSION_EVENTS:
-            raise InvalidInput(
-                f"unknown session event {action!r}; expected one of {SESSION_EVENTS}"
-            )
+        for events_kind, events in (("session", SESSION_EVENTS), ("server", SERVER_EVENTS)):
+            if kind == events_kind and action not in events:
+                raise InvalidInput(f"unknown {kind} event {action!r}; expected one of {events}")
         if not action:
             raise InvalidInput(f"an audit entry of kind {kind!r} needs an action")
         return self._insert(
@@ -261,6 +327,7 @@ class AuditLog:
             detail={} if detail is None else detail,
             at=at,
             execution=None,
+            key=key,
         )
 
     def query(
@@ -325,8 +392,14 @@ class AuditLog:
             raise SandboxError(f"cannot rotate the audit log: {exc}") from exc
         return removed
 
+    @property
+    def pending(self) -> int:
+        """Writes the database refused that wait in memory for the next one it takes."""
+        with self._lock:
+            return len(self._pending)
+
     def close(self) -> None:
-        """Write the entries kept from refused writes (one try), then close."""
+        """Write what was kept from refused writes (one try), then close."""
         with self._lock:
             if self._pending:
                 last = self._pending.pop()
@@ -334,7 +407,7 @@ class AuditLog:
                     self._write_locked(last)
                 except sqlite3.Error as exc:
                     _log.error(
-                        "the audit log lost %d refused entries at close: %s",
+                        "the audit log lost %d refused writes at close: %s",
                         len(self._pending) + 1,
                         database_problem(exc),
                     )
@@ -351,6 +424,34 @@ class AuditLog:
     ) -> None:
         self.close()
 
+    def _insert_execution(
+        self,
+        session: str,
+        language: str,
+        code: str,
+        actor: str,
+        at: float | None,
+        key: str | None,
+        *,
+        status: str,
+        duration_s: float | None,
+        output_bytes: int | None,
+    ) -> int:
+        if not language:
+            raise InvalidInput("an execution needs a language")
+        stored, detail = _bound_code(code)
+        return self._insert(
+            kind="execution",
+            actor=actor,
+            action="execute",
+            session=session,
+            target=None,
+            detail=detail,
+            at=at,
+            execution=(language, stored, duration_s, status, output_bytes),
+            key=key,
+        )
+
     def _insert(
         self,
         *,
@@ -361,7 +462,8 @@ class AuditLog:
         target: str | None,
         detail: Mapping[str, Any],
         at: float | None,
-        execution: tuple[str, str, float, str, int] | None,
+        execution: tuple[str, str, float | None, str, int | None] | None,
+        key: str | None,
     ) -> int:
         if actor not in ACTORS:
             raise InvalidInput(f"unknown actor {actor!r}; expected one of {ACTORS}")
@@ -382,60 +484,69 @@ class AuditLog:
             duration_s,
             status,
             output_bytes,
+            key,
         )
+        return self._write(f"a {kind}", (_INSERT, params))
+
+    def _write(self, what: str, write: _Write) -> int:
+        """Run one write after those kept from refusals; its row id (an INSERT) or the rows
+        it changed (anything else). A refusal that may pass later keeps it in memory."""
         with self._lock:
             try:
-                new_id = self._write_locked(params)
+                done = self._write_locked(write)
             except sqlite3.OperationalError as exc:  # locked, busy, full: may pass later
-                self._keep_locked(params)
+                self._keep_locked(write)
                 raise StateUnavailable(
-                    f"the audit log refused a {kind} entry: {database_problem(exc)} "
+                    f"the audit log refused {what} entry: {database_problem(exc)} "
                     "(kept in memory; written with the next entry the database takes)"
                 ) from exc
             except (sqlite3.Error, UnicodeEncodeError) as exc:
-                raise SandboxError(f"the audit log refused a {kind} entry: {exc}") from exc
+                raise SandboxError(f"the audit log refused {what} entry: {exc}") from exc
             self._writes_since_rotation += 1
             due = self._writes_since_rotation >= ROTATE_EVERY_WRITES
         if due:
             self._rotate_quietly()
-        return new_id
+        return done
 
-    def _write_locked(self, params: _Row) -> int:
-        """Insert the entries kept from refused writes, then `params`, in one transaction."""
+    def _write_locked(self, write: _Write) -> int:
+        """The writes kept from refusals, then `write`, in one transaction."""
         if not self._pending:
-            return self._insert_row(params)
+            return self._run(write)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             for kept in self._pending:
-                self._insert_row(kept)
-            new_id = self._insert_row(params)
+                self._run(kept)
+            done = self._run(write)
             self._db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             raise
-        _log.warning("the audit log took %d entries it had refused before", len(self._pending))
+        _log.warning("the audit log took %d writes it had refused before", len(self._pending))
         self._pending.clear()
-        return new_id
+        return done
 
-    def _insert_row(self, params: _Row) -> int:
-        cursor = self._db.execute(
-            "INSERT INTO audit(at, kind, session, actor, action, target, detail, "
-            "language, code, duration_s, status, output_bytes) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            params,
-        )
-        if cursor.lastrowid is None:  # only after a non-INSERT statement, so never here
+    def _run(self, write: _Write) -> int:
+        sql, params = write
+        cursor = self._db.execute(sql, params)
+        if sql is not _INSERT:
+            return cursor.rowcount
+        if cursor.rowcount == 1 and cursor.lastrowid is not None:
+            return cursor.lastrowid
+        # Written before under the same key (a journal replayed): that entry's id.
+        row = self._db.execute("SELECT id FROM audit WHERE entry_key = ?", (params[-1],)).fetchone()
+        if row is None:
             raise SandboxError("the audit log returned no id for an entry")
-        return cursor.lastrowid
+        return int(row[0])
 
-    def _keep_locked(self, params: _Row) -> None:
-        """Keep a refused entry for the next write (a locked database, a full disk), up to
-        `MAX_PENDING`; past that the oldest kept entries are dropped, and the log says so."""
-        self._pending.append(params)
+    def _keep_locked(self, write: _Write) -> None:
+        """Keep a refused write for the next one (a locked database, a full disk), up to
+        `MAX_PENDING`; past that the oldest kept are dropped, and the log says so."""
+        self._pending.append(write)
         if len(self._pending) > MAX_PENDING:
             del self._pending[0]
-            _log.error("the audit log dropped an entry: %d refused entries wait", MAX_PENDING)
+            self.dropped += 1
+            _log.error("the audit log dropped a write: %d refused writes wait", MAX_PENDING)
 
     def _rotate_quietly(self) -> None:
         # The entry is already written; a failed rotation is retried after the next batch.
@@ -443,6 +554,26 @@ class AuditLog:
             self.rotate()
         except SandboxError:
             _log.warning("audit log rotation failed", exc_info=True)
+
+
+def _add_keys(db: sqlite3.Connection) -> None:
+    """Give a database made before entry keys its `entry_key` column, then the index."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(audit)")}
+    try:
+        if "entry_key" not in columns:
+            db.execute("ALTER TABLE audit ADD COLUMN entry_key TEXT")
+        db.execute(_KEY_INDEX)
+    except sqlite3.Error as exc:
+        raise SandboxError(f"cannot add entry keys to the audit log: {exc}") from exc
+
+
+def _check_outcome(status: str, duration_s: float, output_bytes: int) -> None:
+    if status not in STATUSES:
+        raise InvalidInput(f"unknown execution status {status!r}; expected one of {STATUSES}")
+    if not (math.isfinite(duration_s) and duration_s >= 0):
+        raise InvalidInput(f"duration_s must be a non-negative number, not {duration_s!r}")
+    if output_bytes < 0:
+        raise InvalidInput(f"output_bytes must not be negative, not {output_bytes}")
 
 
 def _check_kind(kind: str) -> None:

@@ -126,6 +126,11 @@ class Settings:
     def db_path(self) -> Path:
         return self.state_dir / "corral.db"
 
+    @property
+    def audit_journal_path(self) -> Path:
+        """The audit writer's write-ahead journal, beside the database."""
+        return self.state_dir / "audit.journal"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Defaults, overridden by `CORRAL_*` variables. Raises `InvalidInput` on a bad value."""

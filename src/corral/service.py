@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from corral.audit import AuditLog, AuditPage
+from corral.audit_writer import AuditWriter
 from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
 from corral.controls import BridgeReport, LimitsReport, change_limits, limits_report, switch_bridge
@@ -25,7 +25,7 @@ from corral.egress.network import Network, NetworkStatus, PolicyChange
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
-from corral.errors import CorralError, SessionNotFound, StorageFull
+from corral.errors import CorralError, SessionNotFound, StateUnavailable, StorageFull
 from corral.execution import Execution
 from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
@@ -57,9 +57,10 @@ class Service:
         self.owner = StateLock(settings.state_dir)
         self.sessions = SessionManager(settings)
         self.audit = AuditLog(settings.db_path)
-        # One thread writes the audit log, in the order records are made: a slow or locked
-        # database never holds up the event loop, and no call waits for its record.
-        self._audit_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-audit")
+        # Every entry is journaled before the call that makes it returns, then written by one
+        # thread in order: a slow or locked database never holds up the event loop, and a
+        # crash of the server loses no entry (`corral.audit_writer`).
+        self._audit_writer = AuditWriter(self.audit, settings.audit_journal_path)
         self.network = Network(
             settings,
             self.sessions.store,
@@ -75,6 +76,13 @@ class Service:
     async def __aenter__(self) -> Service:
         self.owner.acquire()  # raises StateOwned before anything of the owner's is touched
         try:
+            recovery = await asyncio.to_thread(self._audit_writer.open)
+            if recovery.unclean:
+                log.warning(
+                    "the last run of the server stopped without closing: %d executions it ran "
+                    "are marked interrupted in the audit log",
+                    recovery.interrupted,
+                )
             self.network.open()
             await self.sessions.open()
         except BaseException:
@@ -92,7 +100,7 @@ class Service:
         await self.sessions.close()
         await self._wait_for_executions()
         await self.network.close()
-        await asyncio.to_thread(self._audit_writer.shutdown, True)
+        await asyncio.to_thread(self._audit_writer.close)
         self.audit.close()
         self.owner.release()
 
@@ -119,10 +127,38 @@ class Service:
         self._check_execution(session_id, language, timeout_s)
 
         async def run(on_output: OutputHook | None) -> ExecutionResult:
+            begun: list[str] = []
+
+            def journal_before_sending(result: ExecutionResult) -> None:
+                # Raises StateUnavailable when the journal cannot be written: the code is
+                # then not sent, since nothing would say it ran.
+                begun.append(
+                    self._audit_writer.submit(
+                        "begin_execution",
+                        session=result.session_id,
+                        language=result.language,
+                        code=code,
+                        actor=actor,
+                        at=result.started_at,
+                    )
+                )
+
             result = await self.sessions.execute(
-                session_id, code, language=language, timeout_s=timeout_s, on_output=on_output
+                session_id,
+                code,
+                language=language,
+                timeout_s=timeout_s,
+                on_output=on_output,
+                before_send=journal_before_sending,
             )
-            self._audit_execution(result, code, actor)
+            for key in begun:
+                self._audit(
+                    "end_execution",
+                    begun=key,
+                    status=result.status,
+                    duration_s=result.duration_s,
+                    output_bytes=result.output_bytes,
+                )
             return result
 
         execution = Execution(
@@ -179,29 +215,13 @@ class Service:
                 execution.abandon()
                 await execution.wait()
 
-    def _audit(self, what: str, write: Callable[[], object]) -> None:
-        """Queue one audit record for the writer thread; a refusal is logged there and never
-        lets the caller's action fail."""
-        self._audit_writer.submit(_write_audit, what, write)
-
-    def _audit_written(self) -> None:
-        """Wait until every record queued so far is in the database (before reading it)."""
-        self._audit_writer.submit(lambda: None).result()
-
-    def _audit_execution(self, result: ExecutionResult, code: str, actor: str) -> None:
-        self._audit(
-            "an execution",
-            lambda: self.audit.record_execution(
-                result.session_id,
-                result.language,
-                code,
-                status=result.status,
-                duration_s=result.duration_s,
-                output_bytes=result.output_bytes,
-                actor=actor,
-                at=result.started_at or None,
-            ),
-        )
+    def _audit(self, call: str, **args: Any) -> None:
+        """Journal and queue one audit entry (`AuditLog.<call>(**args)`); a refusal is
+        logged and never lets the caller's action fail."""
+        try:
+            self._audit_writer.submit(call, **args)
+        except StateUnavailable as exc:
+            log.error("an audit entry (%s) was lost: %s", call, exc)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -244,7 +264,7 @@ class Service:
         self._audit_session(session_id, "deleted", actor)
 
     def _audit_session(self, session_id: str, event: str, actor: str) -> None:
-        self._audit("a session", lambda: self.audit.record_session(session_id, event, actor=actor))
+        self._audit("record_session", session=session_id, event=event, actor=actor)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -283,22 +303,19 @@ class Service:
         self.workspace(session_id).delete(path, recursive=recursive)
         self.sessions.session_for(session_id).disk.look_soon()
 
-    def set_bridge(self, session_id: str, enabled: bool) -> BridgeReport:
+    async def set_bridge(self, session_id: str, enabled: bool) -> BridgeReport:
         """Enable or disable a session's SSH agent bridge (admin). It takes effect when the
         session's kernels next start; the report says whether a restart is needed."""
         session = self.sessions.session_for(session_id)
         report = switch_bridge(session, enabled)
-        self.sessions.save_options(session)
+        await self.sessions.save_options(session)
         self._audit_admin("set_bridge", session_id, {"ssh_agent": enabled})
         return report
 
     def _audit_event(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
         actor = "agent" if kind == "bridge" else "system"
         self._audit(
-            f"a {kind}",
-            lambda: self.audit.record(
-                kind, actor=actor, action=action, session=session_id, detail=detail
-            ),
+            "record", kind=kind, actor=actor, action=action, session=session_id, detail=detail
         )
 
     # -- skills ------------------------------------------------------------------------------
@@ -323,10 +340,10 @@ class Service:
         folder = user_dir(self.settings.config_dir)
         added = await asyncio.to_thread(_unpack_skill, data, archive_name, folder)
         self._audit(
-            "an admin",
-            lambda: self.audit.record_admin(
-                "add_skill", added.name, detail={"archive": archive_name}
-            ),
+            "record_admin",
+            action="add_skill",
+            target=added.name,
+            detail={"archive": archive_name},
         )
         return added
 
@@ -345,13 +362,13 @@ class Service:
         session = self.sessions.session_for(session_id)
         return limits_report(session, self.sessions.factory.mechanism.name)
 
-    def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> LimitsReport:
+    async def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> LimitsReport:
         """Change a session's limits (admin); running sandboxes change at once where they
         can, the rest (the tmpfs size) from their next start. Raises `InvalidInput` for an
         unknown or bad value, `LimitRefused` when the kernel refuses."""
         session = self.sessions.session_for(session_id)
         live = change_limits(session, changes)
-        self.sessions.save_options(session)
+        await self.sessions.save_options(session)
         self._audit_admin("set_limits", session_id, {"changes": changes})
         report = limits_report(session, self.sessions.factory.mechanism.name)
         return replace(
@@ -367,32 +384,35 @@ class Service:
         self._known(session_id)
         return NetworkStatus(self.network.policy(session_id), self.network.proxy.stats(session_id))
 
-    def set_network(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
+    async def set_network(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
         self._known(session_id)
-        return self._changed(session_id, "set_network", *self.network.set(session_id, mode, allow))
+        changed = await self.network.set(session_id, mode, allow)
+        return self._changed(session_id, "set_network", *changed)
 
-    def allow_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
+    async def allow_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
-        return self._changed(session_id, "allow_network", *self.network.allow(session_id, hosts))
+        changed = await self.network.allow(session_id, hosts)
+        return self._changed(session_id, "allow_network", *changed)
 
-    def deny_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
+    async def deny_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
         self._known(session_id)
-        return self._changed(session_id, "deny_network", *self.network.deny(session_id, hosts))
+        changed = await self.network.deny(session_id, hosts)
+        return self._changed(session_id, "deny_network", *changed)
 
-    def request_network_access(
+    async def request_network_access(
         self, session_id: str | None, hosts: list[str], reason: str
     ) -> NetRequest:
         """An agent asks; the request waits for the operator and grants nothing by itself."""
         session = self.sessions.session_for(session_id).record.id
-        return self.network.request(session, hosts, reason)
+        return await self.network.request(session, hosts, reason)
 
-    def network_requests(self, status: str | None = None) -> list[NetRequest]:
-        return self.network.requests(status)
+    async def network_requests(self, status: str | None = None) -> list[NetRequest]:
+        return await self.network.requests(status)
 
-    def decide_network_request(self, request_id: int, approve: bool) -> NetRequest:
+    async def decide_network_request(self, request_id: int, approve: bool) -> NetRequest:
         if approve:
-            self._known(self.network.get_request(request_id).session)
-        request = self.network.decide(request_id, approve)
+            self._known((await self.network.get_request(request_id)).session)
+        request = await self.network.decide(request_id, approve)
         self._audit_admin(
             "approve_network" if approve else "reject_network",
             request.session,
@@ -411,33 +431,30 @@ class Service:
 
     def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
         self._audit(
-            "an admin",
-            lambda: self.audit.record_admin(action, session_id, session=session_id, detail=detail),
+            "record_admin", action=action, target=session_id, session=session_id, detail=detail
         )
 
     def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
         self.browser.note_decision(session_id, target, decision)
         self._audit(
-            "a network",
-            lambda: self.audit.record(
-                "network",
-                actor="agent",
-                action="allow" if decision.allowed else "deny",
-                session=session_id,
-                target=f"{target.host}:{target.port}",
-                detail={
-                    "host": target.host,
-                    "port": target.port,
-                    "allowed": decision.allowed,
-                    "address": str(decision.address) if decision.address else None,
-                    "rule": decision.rule,
-                },
-            ),
+            "record",
+            kind="network",
+            actor="agent",
+            action="allow" if decision.allowed else "deny",
+            session=session_id,
+            target=f"{target.host}:{target.port}",
+            detail={
+                "host": target.host,
+                "port": target.port,
+                "allowed": decision.allowed,
+                "address": str(decision.address) if decision.address else None,
+                "rule": decision.rule,
+            },
         )
 
     # -- audit -----------------------------------------------------------------------------
 
-    def audit_page(
+    async def audit_page(
         self,
         *,
         kind: str | None = None,
@@ -445,16 +462,14 @@ class Service:
         before_id: int | None = None,
         limit: int = 100,
     ) -> AuditPage:
-        """One page of the audit log, newest first, after the records queued so far."""
-        self._audit_written()
-        return self.audit.query(kind=kind, session=session, before_id=before_id, limit=limit)
+        """One page of the audit log, newest first, after the entries queued so far (read in
+        a thread: a locked database never holds up the event loop)."""
 
+        def read() -> AuditPage:
+            self._audit_writer.written()
+            return self.audit.query(kind=kind, session=session, before_id=before_id, limit=limit)
 
-def _write_audit(what: str, write: Callable[[], object]) -> None:
-    try:
-        write()
-    except CorralError:
-        log.exception("the audit log refused %s record", what)
+        return await asyncio.to_thread(read)
 
 
 def _unpack_skill(data: bytes, archive_name: str, folder: Path) -> Path:

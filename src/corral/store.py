@@ -2,18 +2,31 @@
 
 One small table; every call is a short transaction. After a restart every stored session is
 listed as stopped until it is used again.
+
+The server never calls the database from its event loop: `run` awaits a call made in the
+store's one thread, `later` queues one without waiting (its refusal is logged), both in the
+order they were made. A database locked by another program then holds up only the calls
+that need it (a new session must be stored), never `/health` or a running execution.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sqlite3
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from corral.errors import SandboxError, StateUnavailable
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -118,6 +131,16 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self._db = open_database(path, _SCHEMA, "the session database")
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-store")
+
+    async def run(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`call(*args, **kwargs)` (a method of this store) in the store's thread."""
+        return await asyncio.wrap_future(self._worker.submit(call, *args, **kwargs))
+
+    def later(self, call: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> None:
+        """`call(*args, **kwargs)` in the store's thread, not waited for; a refusal is
+        logged (for writes that the next change or the close writes again)."""
+        self._worker.submit(call, *args, **kwargs).add_done_callback(_log_refusal)
 
     def put(self, record: SessionRecord) -> None:
         """Store `record`; its state as what outlives the moment (see `stored_state`)."""
@@ -196,6 +219,8 @@ class Store:
         )
 
     def close(self) -> None:
+        """Finish the calls queued, then close."""
+        self._worker.shutdown(wait=True)
         self._db.close()
 
     def _write(self, sql: str, params: tuple[object, ...]) -> None:
@@ -203,6 +228,11 @@ class Store:
             self._db.execute(sql, params)
         except sqlite3.Error as exc:
             raise _refused(exc) from exc
+
+
+def _log_refusal(done: Future[object]) -> None:
+    if not done.cancelled() and (exc := done.exception()) is not None:
+        log.warning("the session database refused a write: %s", exc)
 
 
 def _refused(exc: sqlite3.Error) -> SandboxError:

@@ -451,7 +451,7 @@ async def test_private_subresources_are_refused_and_the_page_still_loads(
     assert any(note.startswith("the browsing policy refused: 127.0.0.1:") for note in page.notes())
     denied = {
         entry["target"]
-        for entry in browsing.audit_page(kind="network", limit=500).to_dict()["entries"]
+        for entry in (await browsing.audit_page(kind="network", limit=500)).to_dict()["entries"]
         if entry["action"] == "deny" and entry["session"].startswith(BROWSER_PREFIX)
     }
     assert {f"127.0.0.1:{site.private.ports[kind]}" for kind in PRIVATE_KINDS} <= denied

@@ -186,8 +186,8 @@ def fetched(result: ExecutionResult) -> tuple[int, int, str]:
     return int(status.group(1)), int(code.group(1)), text
 
 
-def allow_only(service: Service, *ports: int) -> None:
-    service.set_network(SID, "allowlist", [f"{HOST}:{port}" for port in ports])
+async def allow_only(service: Service, *ports: int) -> None:
+    await service.set_network(SID, "allowlist", [f"{HOST}:{port}" for port in ports])
 
 
 def stats(service: Service) -> dict[str, int]:
@@ -200,7 +200,7 @@ def stats(service: Service) -> dict[str, int]:
 async def test_mode_none_refuses_curl_with_a_403_that_names_the_host_and_the_fix(
     net: Service, site: Site
 ) -> None:
-    net.set_network(SID, "none", [])
+    await net.set_network(SID, "none", [])
     status, code, text = fetched(await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt")))
     assert (status, code) == (403, 0), text
     assert HELLO not in text
@@ -210,7 +210,7 @@ async def test_mode_none_refuses_curl_with_a_403_that_names_the_host_and_the_fix
 
 
 async def test_mode_none_refuses_a_tunnel_and_socks_too(net: Service, site: Site) -> None:
-    net.set_network(SID, "none", [])
+    await net.set_network(SID, "none", [])
     url = f"http://{HOST}:{site.port}/hello.txt"
     status, code, text = fetched(await sh(net, curl(url, "--proxytunnel")))
     assert code != 0 and HELLO not in text
@@ -223,7 +223,7 @@ async def test_mode_none_refuses_a_tunnel_and_socks_too(net: Service, site: Site
 
 
 async def test_allowlist_admits_its_host_and_port_for_curl(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     status, code, text = fetched(await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt")))
     assert (status, code) == (200, 0), text
     assert HELLO in text
@@ -234,7 +234,7 @@ async def test_allowlist_admits_its_host_and_port_for_curl(net: Service, site: S
 
 
 async def test_allowlist_refuses_another_port_of_the_same_host(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     status, code, text = fetched(await sh(net, curl(f"http://{HOST}:{site.other}/hello.txt")))
     assert (status, code) == (403, 0), text
     assert HELLO not in text
@@ -243,7 +243,7 @@ async def test_allowlist_refuses_another_port_of_the_same_host(net: Service, sit
 
 
 async def test_allowlist_admits_python_requests(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     code = (
         "import requests\n"
         f"ok = requests.get('http://{HOST}:{site.port}/hello.txt', timeout=20)\n"
@@ -259,7 +259,7 @@ async def test_pip_installs_from_an_allowed_index_and_not_from_a_refused_one(
     net: Service, site: Site
 ) -> None:
     index = f"http://{HOST}:{site.port}/simple/"
-    net.set_network(SID, "none", [])
+    await net.set_network(SID, "none", [])
     before = stats(net)
     refused = await sh(
         net,
@@ -269,7 +269,7 @@ async def test_pip_installs_from_an_allowed_index_and_not_from_a_refused_one(
     assert "No matching distribution found for corraltiny" in refused.text(), refused.text()
     assert stats(net)["refused"] > before["refused"]  # the proxy said no, nothing else did
 
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     installed = await sh(
         net,
         f"pip install --quiet --retries 0 --timeout 15 --index-url {index} corraltiny 2>&1; "
@@ -281,7 +281,7 @@ async def test_pip_installs_from_an_allowed_index_and_not_from_a_refused_one(
 
 
 async def test_git_clones_over_dumb_http_from_an_allowed_host(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     result = await sh(
         net,
         "rm -rf /workspace/clone\n"
@@ -296,7 +296,7 @@ async def test_git_clones_over_dumb_http_from_an_allowed_host(net: Service, site
 async def test_a_name_that_resolves_to_loopback_is_refused_even_when_listed(net: Service) -> None:
     # The host proxy resolves "localhost" itself (to the host's loopback): a name rule never
     # admits a non-public address; only listing the exact address does.
-    net.set_network(SID, "allowlist", ["localhost"])
+    await net.set_network(SID, "allowlist", ["localhost"])
     status, _, text = fetched(await sh(net, curl("http://localhost:9/", "--noproxy ''")))
     assert status == 403, text
     assert "not a public address" in text
@@ -308,7 +308,7 @@ async def test_git_clones_a_repository_of_many_loose_objects(net: Service, site:
     name = "net-git"  # its own session: its connection count must not spill into SID's
     await net.sessions.create(name, start=False)
     try:
-        net.set_network(name, "allowlist", [f"{HOST}:{site.port}"])
+        await net.set_network(name, "allowlist", [f"{HOST}:{site.port}"])
         result = await sh(
             net,
             f"git clone -q http://{HOST}:{site.port}/many.git /workspace/many 2>&1; "
@@ -329,13 +329,13 @@ async def test_switching_none_allowlist_none_applies_to_the_next_connection(
     net: Service, site: Site
 ) -> None:
     url = f"http://{HOST}:{site.port}/hello.txt"
-    net.set_network(SID, "none", [])
+    await net.set_network(SID, "none", [])
     assert fetched(await sh(net, curl(url)))[0] == 403
-    changed = net.set_network(SID, "allowlist", [f"{HOST}:{site.port}"]).to_dict()
+    changed = (await net.set_network(SID, "allowlist", [f"{HOST}:{site.port}"])).to_dict()
     assert changed["mode"] == "allowlist" and changed["allow"] == [f"{HOST}:{site.port}"]
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 200 and HELLO in text, text
-    net.set_network(SID, "none", [])
+    await net.set_network(SID, "none", [])
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 403 and HELLO not in text, text
 
@@ -385,7 +385,7 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
     net: Service, echo: EchoServer
 ) -> None:
     assert (await py(net, TUNNEL_HELPERS)).status == "ok"
-    allow_only(net, echo.port)
+    await allow_only(net, echo.port)
     opened = await py(
         net,
         f"tunnel, line = open_tunnel({echo.port})\n(line, exchange(tunnel, b'ping'))",
@@ -393,13 +393,13 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
     assert opened.results == [{"text/plain": "('HTTP/1.1 200 Connection established', 'PING')"}]
 
     # An unrelated change keeps it: the tunnel is still allowed.
-    kept = net.allow_network(SID, ["example.org"]).to_dict()
+    kept = (await net.allow_network(SID, ["example.org"])).to_dict()
     assert kept["tunnels_closed"] == 0
     again = await py(net, "exchange(tunnel, b'still')")
     assert again.results == [{"text/plain": "'STILL'"}], again.text()
 
     ended = len(echo.ended)
-    cut = net.set_network(SID, "none", []).to_dict()
+    cut = (await net.set_network(SID, "none", [])).to_dict()
     assert cut["tunnels_closed"] == 1
     after = await py(net, "exchange(tunnel, b'after'), tunnel.close()")
     assert after.status == "ok", after.text()
@@ -412,11 +412,11 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
 
 async def test_denying_the_entry_cuts_an_open_tunnel_too(net: Service, echo: EchoServer) -> None:
     assert (await py(net, TUNNEL_HELPERS)).status == "ok"
-    allow_only(net, echo.port)
+    await allow_only(net, echo.port)
     opened = await py(net, f"tunnel, _ = open_tunnel({echo.port})\nexchange(tunnel, b'x')")
     assert opened.results == [{"text/plain": "'X'"}], opened.text()
     ended = len(echo.ended)
-    denied = net.deny_network(SID, [f"{HOST}:{echo.port}"]).to_dict()
+    denied = (await net.deny_network(SID, [f"{HOST}:{echo.port}"])).to_dict()
     assert (denied["mode"], denied["allow"], denied["tunnels_closed"]) == ("allowlist", [], 1)
     after = await py(net, "exchange(tunnel, b'y'), tunnel.close()")
     outcome = after.results[0]["text/plain"]
@@ -428,7 +428,7 @@ async def test_denying_the_entry_cuts_an_open_tunnel_too(net: Service, echo: Ech
 
 
 async def test_a_program_that_ignores_the_proxy_gets_no_network(net: Service, site: Site) -> None:
-    allow_only(net, site.port)  # even an allowed host is reachable only through the proxy
+    await allow_only(net, site.port)  # even an allowed host is reachable only through the proxy
     direct = await py(
         net,
         "import socket\n"
@@ -452,7 +452,7 @@ async def test_a_program_that_ignores_the_proxy_gets_no_network(net: Service, si
 
 
 async def test_a_socks5h_client_works_when_allowed(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     socks = ("--socks5-hostname", "127.0.0.1:1080")
     status, code, text = fetched(
         await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt", *socks))
@@ -468,10 +468,10 @@ async def test_a_socks5h_client_works_when_allowed(net: Service, site: Site) -> 
 
 
 async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt"))
     await sh(net, curl(f"http://{HOST}:{site.other}/hello.txt"))
-    entries = net.audit_page(kind="network", session=SID, limit=2).to_dict()["entries"]
+    entries = (await net.audit_page(kind="network", session=SID, limit=2)).to_dict()["entries"]
     refused, allowed = entries  # newest first
     assert allowed["action"] == "allow" and allowed["target"] == f"{HOST}:{site.port}"
     assert allowed["detail"]["rule"] == f"address listed: {HOST}:{site.port}"
@@ -479,12 +479,12 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     assert refused["action"] == "deny" and refused["target"] == f"{HOST}:{site.other}"
     assert "not listed by address" in refused["detail"]["rule"]
     assert refused["detail"]["allowed"] is False
-    changes = net.audit_page(kind="admin", session=SID, limit=1).to_dict()["entries"]
+    changes = (await net.audit_page(kind="admin", session=SID, limit=1)).to_dict()["entries"]
     assert changes[0]["action"] == "set_network"
 
 
 async def test_the_proxy_counts_connections_refusals_and_bytes(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     before = stats(net)
     url = f"http://{HOST}:{site.port}/big.bin"
     result = await sh(net, curl(url, "--proxytunnel", "-o /dev/null"))
@@ -498,7 +498,7 @@ async def test_the_proxy_counts_connections_refusals_and_bytes(net: Service, sit
 
 
 async def test_bytes_out_counts_the_head_of_a_plain_http_request(net: Service, site: Site) -> None:
-    allow_only(net, site.port)
+    await allow_only(net, site.port)
     query = "q=" + "x" * 4000  # data can leave in the URL; it should be counted
     before = stats(net)
     result = await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt?{query}"))

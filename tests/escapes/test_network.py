@@ -123,8 +123,8 @@ async def net(host: Host) -> AsyncIterator[str]:
         assert {sid: host.service.network_policy(sid).policy for sid in (A, B)} == shared
 
 
-def allow_only(host: Host, sid: str, *entries: str) -> None:
-    changed = host.service.set_network(sid, "allowlist", list(entries)).to_dict()
+async def allow_only(host: Host, sid: str, *entries: str) -> None:
+    changed = (await host.service.set_network(sid, "allowlist", list(entries))).to_dict()
     assert (changed["mode"], changed["allow"]) == ("allowlist", list(entries)), changed
 
 
@@ -300,7 +300,7 @@ async def test_smuggle_a_request_to_the_server_after_the_chunked_end(host: Host,
     # by chunks would read the hidden request as the next one and route it; this one
     # refuses a request with two framings whole (RFC 9112 6.3).
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         body = b"0\r\n\r\n" + to_server(host)
         await refused_whole(
             host, net, recorder, chunked_post(recorder, body, len(body)), BOTH_FRAMINGS
@@ -313,7 +313,7 @@ async def test_smuggle_a_request_to_the_server_after_the_content_length_end(
     # Content-Length ends where the hidden request starts; for chunked framing it is the
     # data of one chunk. A proxy that framed by length would route it as the next request.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         hidden = to_server(host)
         size = f"{len(hidden):x}\r\n".encode()
         body = size + hidden + b"\r\n0\r\n\r\n"
@@ -324,7 +324,7 @@ async def test_smuggle_a_request_to_the_server_after_the_content_length_end(
 
 async def test_smuggle_with_two_content_lengths(host: Host, net: str) -> None:
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         hidden = to_server(host)
         sent = (
             f"POST http://{recorder.authority}/ HTTP/1.1\r\nHost: {recorder.authority}\r\n"
@@ -339,7 +339,7 @@ async def test_pipeline_a_request_to_the_server_behind_an_allowed_one(host: Host
     # One request per connection: after the first head the connection is a pipe to the
     # host that was checked, so the second request is bytes for that host, never a request.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         first = get(f"http://{recorder.authority}/first", recorder.authority)
         rewritten = forwarded_get("/first", recorder.authority)
         sent = first + to_server(host)
@@ -349,7 +349,7 @@ async def test_pipeline_a_request_to_the_server_behind_an_allowed_one(host: Host
 async def test_pipeline_an_allowed_request_behind_one_to_the_server(host: Host, net: str) -> None:
     # The refused first request ends the connection: what follows it is never read.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         before = reached(host)
         sent = to_server(host) + get(f"http://{recorder.authority}/", recorder.authority)
         assert await through_proxy(host, net, sent) == [server_refused(host, net)]
@@ -370,7 +370,7 @@ async def test_route_to_the_server_by_the_host_header_of_an_allowed_url(
     # The URL decides where the proxy connects, and a Host header naming another host is
     # refused: behind a shared front end it would reach a site the policy never admitted.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         server = f"127.0.0.1:{host.server_port}"
         sent = get(f"http://{recorder.authority}/", server)
         await refused_whole(
@@ -380,7 +380,7 @@ async def test_route_to_the_server_by_the_host_header_of_an_allowed_url(
 
 async def test_reach_the_server_by_url_under_an_allowed_host_header(host: Host, net: str) -> None:
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         sent = get(f"http://127.0.0.1:{host.server_port}/health", recorder.authority)
         why = host_mismatch(recorder.authority, "127.0.0.1", host.server_port)
         await refused_whole(host, net, recorder, sent, why)
@@ -388,7 +388,7 @@ async def test_reach_the_server_by_url_under_an_allowed_host_header(host: Host, 
 
 async def test_send_two_host_headers(host: Host, net: str) -> None:
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         server = f"127.0.0.1:{host.server_port}"
         sent = (
             f"GET http://{recorder.authority}/ HTTP/1.1\r\nHost: {recorder.authority}\r\n"
@@ -402,7 +402,7 @@ async def test_send_two_host_headers(host: Host, net: str) -> None:
 async def test_route_an_origin_form_request_by_its_host_header(host: Host, net: str) -> None:
     # A request without an absolute URL is not routed by its Host header: it is refused.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         before = reached(host)
         replies = await through_proxy(
             host,
@@ -425,7 +425,7 @@ async def test_connect_again_inside_an_allowed_tunnel(host: Host, net: str) -> N
     # The inner CONNECT is sent before the tunnel's answer, with a request behind it: all of
     # it is tunnel data for the allowed host, which is the only host dialled.
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         server = f"127.0.0.1:{host.server_port}"
         inner = connect(server) + get("/health", server)
         before, counted = reached(host), stats(host, net)
@@ -439,7 +439,7 @@ async def test_connect_again_inside_an_allowed_tunnel(host: Host, net: str) -> N
 
 async def test_send_a_request_into_a_refused_tunnel_before_its_answer(host: Host, net: str) -> None:
     with recording_upstream() as recorder:
-        allow_only(host, net, recorder.authority)
+        await allow_only(host, net, recorder.authority)
         server = f"127.0.0.1:{host.server_port}"
         before = reached(host)
         replies = await through_proxy(host, net, connect(server) + get("/health", server))
@@ -456,7 +456,7 @@ async def test_reach_the_server_through_an_allowlisted_localhost(
 ) -> None:
     # README: a name rule never admits an address that is not global; only listing the
     # exact address would. The proxy resolves localhost itself, as the host does.
-    allow_only(host, net, rule.format(server=host.server_port))
+    await allow_only(host, net, rule.format(server=host.server_port))
     port = host.server_port
     shown = ", ".join(str(a) for a in (await system_resolver("localhost", port))[:3])
     before, counted = reached(host), stats(host, net)
@@ -476,7 +476,7 @@ async def test_reach_the_server_through_an_allowlisted_localhost(
 
 
 async def test_reach_another_port_of_an_allowed_address(host: Host, net: str) -> None:
-    allow_only(host, net, f"{WEB_HOST}:{host.web_port}")
+    await allow_only(host, net, f"{WEB_HOST}:{host.web_port}")
     with silent_listener() as (listener, other):
         before = reached(host)
         replies = await through_proxy(

@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -173,7 +173,7 @@ async def target(host: Host) -> AsyncIterator[Target]:
     before = {info.id for info in host.service.list_sessions()}
     await host.service.create_session(TARGET)
     host.service.write_file(TARGET, KEPT, b"kept")
-    asked = host.service.request_network_access(TARGET, ["evil.example"], "the battery's own")
+    asked = await host.service.request_network_access(TARGET, ["evil.example"], "the battery's own")
     skill = (await host.service.list_skills()).skills[0].name
     values = {"id": TARGET, "rid": str(asked.id), "name": skill, "filename": "SKILL.md"}
     calls = [
@@ -185,8 +185,8 @@ async def target(host: Host) -> AsyncIterator[Target]:
     try:
         yield Target(calls, query)
     finally:
-        if asked.id in {r.id for r in host.service.network_requests("pending")}:
-            host.service.decide_network_request(asked.id, approve=False)
+        if asked.id in {r.id for r in await host.service.network_requests("pending")}:
+            await host.service.decide_network_request(asked.id, approve=False)
         for info in host.service.list_sessions():
             if info.id not in before:  # TARGET, and whatever a broken guard let in
                 await host.service.delete_session(info.id)
@@ -196,11 +196,11 @@ async def service_state(host: Host) -> dict[str, Any]:
     """What a call let through by mistake would change: the sessions, TARGET, the network
     requests, the skills and the audit log's newest entry."""
     service = host.service
-    newest = service.audit_page(limit=1).to_dict()["entries"]
+    newest = (await service.audit_page(limit=1)).to_dict()["entries"]
     return {
         "sessions": sorted((info.id, info.state) for info in service.list_sessions()),
         "target": target_state(service),
-        "requests": [r.to_dict() for r in service.network_requests()],
+        "requests": [r.to_dict() for r in await service.network_requests()],
         "skills": sorted(s.name for s in (await service.list_skills()).skills),
         "audit": newest[0]["id"] if newest else None,
     }
@@ -473,8 +473,12 @@ print(json.dumps(got.hex()))
 """
 
 
-def bridge_actions(host: Host) -> list[str]:
-    entries = host.service.audit_page(kind="bridge", session=BRIDGED).to_dict()["entries"]
+async def at_least(entries: Awaitable[list[str]], count: int) -> bool:
+    return len(await entries) >= count
+
+
+async def bridge_actions(host: Host) -> list[str]:
+    entries = (await host.service.audit_page(kind="bridge", session=BRIDGED)).to_dict()["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -483,7 +487,7 @@ async def bridged_session(host: Host) -> AsyncIterator[str]:
     """BRIDGED with its bridge enabled by the operator, started, and deleted at the end."""
     await host.service.sessions.create(BRIDGED, start=False)
     try:
-        host.service.set_bridge(BRIDGED, True)
+        await host.service.set_bridge(BRIDGED, True)
         await host.service.start_session(BRIDGED)
         yield BRIDGED
     finally:
@@ -496,8 +500,8 @@ async def test_reach_the_host_agent_through_the_bridge_without_the_token(
     async with bridged_session(host) as sid:
         answers = await py(host, BRIDGE_PROBES, sid)
         assert answers == dict.fromkeys(answers, "") and len(answers) == 6, answers
-        await until(lambda: len(bridge_actions(host)) >= 6, "the six refusals audited")
-        assert bridge_actions(host) == [
+        await until(lambda: at_least(bridge_actions(host), 6), "the six refusals audited")
+        assert await bridge_actions(host) == [
             "refused: wrong token",
             "refused: wrong token",
             "refused: malformed handshake",
@@ -509,8 +513,8 @@ async def test_reach_the_host_agent_through_the_bridge_without_the_token(
         # The bridge is live: the shim, with the session's token, reaches the host agent.
         assert await py(host, THROUGH_THE_SHIM, sid) == NO_KEYS.hex()
         assert host_agent.accepted == 1
-        await until(lambda: len(bridge_actions(host)) == 7, "the relay audited")
-        assert bridge_actions(host)[-1] == "relayed"
+        await until(lambda: at_least(bridge_actions(host), 7), "the relay audited")
+        assert (await bridge_actions(host))[-1] == "relayed"
 
 
 # -- the warm pool's hand-over --------------------------------------------------------------------

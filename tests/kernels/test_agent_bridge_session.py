@@ -89,7 +89,7 @@ def _ssh(*argv: str, agent: Path | None = None) -> str:
 async def bridged(service: Service, sid: str) -> None:
     """Create `sid` stopped, enable its bridge as the operator does, then start it."""
     await service.sessions.create(sid, start=False)
-    report = service.set_bridge(sid, True)
+    report = await service.set_bridge(sid, True)
     assert report == BridgeReport(
         session_id=sid,
         ssh_agent=True,
@@ -108,8 +108,8 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
     return result.stdout
 
 
-def bridge_actions(service: Service, sid: str) -> list[str]:
-    entries = service.audit_page(kind="bridge", session=sid).to_dict()["entries"]
+async def bridge_actions(service: Service, sid: str) -> list[str]:
+    entries = (await service.audit_page(kind="bridge", session=sid)).to_dict()["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -134,7 +134,7 @@ async def test_the_host_key_is_listed_inside_but_never_enters(
     host_paths = [str(p) for p in (host_agent.key, host_agent.socket, host_agent.key.parent)]
     seen = await run(service, "keys", f"print([os.path.lexists(p) for p in {host_paths!r}])")
     assert seen == "[False, False, False]\n"
-    assert bridge_actions(service, "keys").count("relayed") >= 2
+    assert (await bridge_actions(service, "keys")).count("relayed") >= 2
     assert len(list(service.settings.run_root.glob("b-*"))) == 1  # the bridge's socket and token
     await service.stop_session("keys")
     assert list(service.settings.run_root.glob("b-*")) == []
@@ -190,7 +190,7 @@ async def test_raw_connections_without_the_token_get_no_byte_and_are_audited(
     await bridged(service, "raw")
     answers = json.loads(await run(service, "raw", RAW))
     assert answers == ["", "", "", ""]
-    refusals = [a for a in bridge_actions(service, "raw") if a.startswith("refused")]
+    refusals = [a for a in await bridge_actions(service, "raw") if a.startswith("refused")]
     assert refusals == [
         "refused: closed before the handshake",
         "refused: wrong token",
@@ -199,7 +199,7 @@ async def test_raw_connections_without_the_token_get_no_byte_and_are_audited(
     ]
     token = (await run(service, "raw", "print(open('/run/corral-bridge/token').read())")).strip()
     assert len(token) == 64
-    assert token not in json.dumps(service.audit_page(limit=1000).to_dict()["entries"])
+    assert token not in json.dumps((await service.audit_page(limit=1000)).to_dict()["entries"])
 
 
 async def test_a_session_without_the_bridge_has_no_agent(
@@ -217,26 +217,26 @@ async def test_a_session_without_the_bridge_has_no_agent(
     assert lines[0] == "sock=unset"
     assert lines[1] == "3"
     assert lines[-1] == "rc=2"  # ssh-add: cannot connect to an agent
-    assert bridge_actions(service, "plain") == []
+    assert await bridge_actions(service, "plain") == []
 
 
 async def test_enabling_the_bridge_takes_effect_at_the_next_start(
     service: Service, host_agent: HostAgent
 ) -> None:
     await service.create_session("later")
-    report = service.set_bridge("later", True)
+    report = await service.set_bridge("later", True)
     assert report.restart_needed is True and report.active is False
     assert "sock=unset" in await run(
         service, "later", 'echo "sock=${SSH_AUTH_SOCK-unset}"', language="bash"
     )
     await service.restart_session("later")
-    again = service.set_bridge("later", True)
+    again = await service.set_bridge("later", True)
     assert again.active is True and again.restart_needed is False
     listed = await run(service, "later", "ssh-add -l", language="bash")
     assert host_agent.fingerprint in listed
-    off = service.set_bridge("later", False)
+    off = await service.set_bridge("later", False)
     assert off.active is True and off.restart_needed is True
-    admin = service.audit_page(kind="admin", session="later").to_dict()["entries"]
+    admin = (await service.audit_page(kind="admin", session="later")).to_dict()["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 
 
@@ -251,7 +251,7 @@ async def test_the_bridge_without_a_host_agent_fails_the_start_clearly(
         monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "plain-file"))
     async with Service(settings) as service:
         await service.sessions.create("noagent", start=False)
-        service.set_bridge("noagent", True)
+        await service.set_bridge("noagent", True)
         with pytest.raises(InvalidInput, match="the server has no SSH agent: start corral serve"):
             await service.start_session("noagent")
         assert service.get_session("noagent").kernels == ()

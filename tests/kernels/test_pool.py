@@ -137,10 +137,10 @@ async def test_the_egress_socket_speaks_for_the_session_that_took_it(
             pooled, "netpool", f"curl -s http://{HOST}:{port}/page.txt", language="bash"
         )
         assert "corral net allow netpool" in text.stdout
-        pooled.allow_network("netpool", [f"{HOST}:{port}"])
+        await pooled.allow_network("netpool", [f"{HOST}:{port}"])
         allowed = await run(pooled, "netpool", code, language="bash")
         assert allowed.stdout.strip() == "200"
-    decisions = pooled.audit_page(kind="network", session="netpool").to_dict()["entries"]
+    decisions = (await pooled.audit_page(kind="network", session="netpool")).to_dict()["entries"]
     assert decisions, "the proxy's decisions are audited under the session's name"
 
 
@@ -157,7 +157,7 @@ async def test_non_default_profiles_start_cold(settings: Settings, tmp_path: Pat
         assert read.stdout == "project file\n"
 
         await service.sessions.create("limited", start=False)
-        service.set_session_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
+        await service.set_session_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
         limited = await service.start_session("limited")
         assert not limited.from_pool
         assert service.session_limits("limited").limits["memory_bytes"] == 300 * KERNEL_MIB

@@ -113,9 +113,9 @@ async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str,
     return result
 
 
-def reported(service: Service, sid: str) -> list[list[str]]:
+async def reported(service: Service, sid: str) -> list[list[str]]:
     """The name lists of the session's "protected" audit entries, oldest first."""
-    entries = service.audit_page(kind="protected", session=sid).to_dict()["entries"]
+    entries = (await service.audit_page(kind="protected", session=sid)).to_dict()["entries"]
     return [entry["detail"]["names"] for entry in reversed(entries)]
 
 
@@ -165,7 +165,7 @@ async def test_files_written_in_a_read_write_mount_reach_the_host(
         assert (repo / "src" / "main.py").read_text() == "changed\n"
         assert (repo / "out" / "deep" / "result.txt").read_text() == "made inside\n"
         await service.stop_session("rw")
-        assert reported(service, "rw") == []  # ordinary files are not protected files
+        assert await reported(service, "rw") == []  # ordinary files are not protected files
 
 
 # -- git --------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ async def test_hooks_are_a_throw_away_copy_and_git_still_commits_inside(
         )
         assert out.strip().endswith("committed"), out
         await service.stop_session("hooks")
-        assert reported(service, "hooks") == [["proj/.git/hooks/pre-commit"]]
+        assert await reported(service, "hooks") == [["proj/.git/hooks/pre-commit"]]
     assert git(repo, "log", "-1", "--format=%s").strip() == "made inside"
     assert git(repo, "show", "HEAD:inside.txt") == "inside\n"
     assert (repo / "hook-ran").read_text() == "ran\n"  # inside, from the copy
@@ -241,7 +241,7 @@ async def test_a_new_repository_made_inside_is_reported_at_stop(
             f"open('{P}/sub/.git/config', 'w').write('[core]\\n\\tfsmonitor = touch /tmp/x\\n')",
         )
         await service.stop_session("moved")
-        [names] = reported(service, "moved")
+        [names] = await reported(service, "moved")
     assert {"proj/sub/.git", "proj/sub/.git/config"} <= set(names)
 
 
@@ -282,8 +282,8 @@ async def test_protected_names_are_copies_and_the_report_lists_exactly_the_chang
         for rel in existing:
             assert (repo / rel).read_text() == f"host {rel}\n", rel
         await service.stop_session("names")
-        [names] = reported(service, "names")
-        audit = json.dumps(service.audit_page(kind="protected").to_dict()["entries"])
+        [names] = await reported(service, "names")
+        audit = json.dumps((await service.audit_page(kind="protected")).to_dict()["entries"])
     assert names == sorted(f"proj/{rel}" for rel in [*changed, ".envrc"])
     assert secret not in audit
     assert (repo / ".envrc").read_text() == secret  # not protected while missing: reported
@@ -294,7 +294,7 @@ async def test_odd_names_are_escaped_in_the_report(settings: Settings, repo: Pat
         await service.create_session("odd", mounts=["proj"])
         await run(service, "odd", f"os.makedirs('{P}/odd\\nname\\x1b[31m/.git')")
         await service.stop_session("odd")
-        [names] = reported(service, "odd")
+        [names] = await reported(service, "odd")
     assert names == ["proj/odd\\x0aname\\x1b[31m/.git"]
 
 
@@ -550,7 +550,7 @@ async def test_a_link_made_inside_refuses_the_next_kernel_of_the_session(
         assert service.get_session("swap").kernels == ("python",)
         assert await run(service, "swap", "print('still here')") == "still here\n"
         await service.stop_session("swap")
-        [names] = reported(service, "swap")
+        [names] = await reported(service, "swap")
     assert "proj/sub/.git" in names
 
 

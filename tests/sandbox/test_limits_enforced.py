@@ -301,7 +301,7 @@ async def test_memory_is_a_total_over_the_sessions_processes(limited: Service) -
     await limited.create_session("lim-total")
     await keep_a_file(limited, "lim-total")
     await limited.stop_session("lim-total")
-    limited.set_session_limits("lim-total", {"memory_bytes": "2G"})
+    await limited.set_session_limits("lim-total", {"memory_bytes": "2G"})
     await limited.start_session("lim-total")
     result = await run(limited, "lim-total", THREE_CHILDREN_OF_1G, timeout_s=25.0)
     assert result.limit == "memory", result.text()
@@ -315,7 +315,7 @@ async def test_tmpfs_pages_count_toward_memory(limited: Service) -> None:
         pytest.skip("rlimit mode bounds /tmp by its own size only: RLIMIT_DATA misses tmpfs pages")
     await limited.create_session("lim-tmpfs")
     await keep_a_file(limited, "lim-tmpfs")
-    report = limited.set_session_limits("lim-tmpfs", {"tmp_bytes": "512M"})
+    report = await limited.set_session_limits("lim-tmpfs", {"tmp_bytes": "512M"})
     assert report.changed_at_next_start == ("tmp_bytes",)
     await limited.restart_session("lim-tmpfs")
     size = await value(
@@ -433,7 +433,7 @@ async def test_tmp_filler_is_enospc(limited: Service) -> None:
 
 async def test_cpu_quota_caps_a_busy_loop(limited: Service) -> None:
     await limited.create_session("lim-cpu")
-    report = limited.set_session_limits("lim-cpu", {"cpus": 0.25})
+    report = await limited.set_session_limits("lim-cpu", {"cpus": 0.25})
     assert report.changed_now == ("cpus",)
     result = await run(limited, "lim-cpu", CPU_SPINNER)
     assert result.status == "ok", result.text()
@@ -455,7 +455,7 @@ async def test_busy_loop_stops_at_the_time_limit(limited: Service) -> None:
 
 async def test_time_limit_lowered_live(limited: Service) -> None:
     await limited.create_session("lim-time-live")
-    report = limited.set_session_limits("lim-time-live", {"exec_timeout_s": 1})
+    report = await limited.set_session_limits("lim-time-live", {"exec_timeout_s": 1})
     assert report.changed_now == ("exec_timeout_s",)
     with pytest.raises(InvalidInput, match="between 0 and 1 seconds"):
         await run(limited, "lim-time-live", "1", timeout_s=5.0)
@@ -472,7 +472,7 @@ async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None
     assert result.limit == "output", result.text()
     assert result.output_truncated and len(result.stdout) <= 100_000
 
-    report = limited.set_session_limits("lim-flood", {"output_bytes": 1000})
+    report = await limited.set_session_limits("lim-flood", {"output_bytes": 1000})
     assert report.changed_now == ("output_bytes",)
     result = await run(limited, "lim-flood", "print('y' * 5000)")
     assert result.limit == "output"
@@ -486,7 +486,7 @@ async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None
 async def test_memory_limit_lowered_live_applies_at_once(limited: Service) -> None:
     await limited.create_session("lim-mem-live")
     assert (await run(limited, "lim-mem-live", ALLOCATE_64M)).status == "ok"
-    report = limited.set_session_limits("lim-mem-live", {"memory_bytes": "128M"})
+    report = await limited.set_session_limits("lim-mem-live", {"memory_bytes": "128M"})
     assert report.changed_now == ("memory_bytes",)
     assert report.limits["memory_bytes"] == 128 * MIB
     # The kernel itself holds about 31 MiB: 128 MiB more cannot fit.
@@ -499,8 +499,8 @@ async def test_memory_limit_raised_live_applies_at_once_or_says_when(limited: Se
     """cgroups raise at once; a running process's RLIMIT_DATA rises only with
     CAP_SYS_RESOURCE, and without it the answer says the change waits for a restart."""
     await limited.create_session("lim-mem-raise")
-    limited.set_session_limits("lim-mem-raise", {"memory_bytes": "128M"})
-    report = limited.set_session_limits("lim-mem-raise", {"memory_bytes": MEMORY})
+    await limited.set_session_limits("lim-mem-raise", {"memory_bytes": "128M"})
+    report = await limited.set_session_limits("lim-mem-raise", {"memory_bytes": MEMORY})
     if is_rlimit(limited) and not CAN_RAISE_RLIMITS:
         assert report.changed_at_next_start == ("memory_bytes",), report
         await limited.restart_session("lim-mem-raise")
@@ -514,7 +514,7 @@ async def test_workspace_limit_raised_live_allows_a_larger_file(limited: Service
     """The per-file size behind the workspace limit is an rlimit: raised at once with
     CAP_SYS_RESOURCE, else from the next start, and the answer says which."""
     info = await limited.create_session("lim-ws-raise")
-    report = limited.set_session_limits("lim-ws-raise", {"workspace_bytes": "128M"})
+    report = await limited.set_session_limits("lim-ws-raise", {"workspace_bytes": "128M"})
     if CAN_RAISE_RLIMITS:
         assert report.changed_now == ("workspace_bytes",), report
     else:
@@ -534,7 +534,7 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
     usage = limited.session_limits("lim-mem-refused").usage.memory_bytes
     assert usage > 128 * MIB
     with pytest.raises(LimitRefused, match="refused memory=134217728"):
-        limited.set_session_limits("lim-mem-refused", {"memory_bytes": "128M"})
+        await limited.set_session_limits("lim-mem-refused", {"memory_bytes": "128M"})
     assert limited.session_limits("lim-mem-refused").limits["memory_bytes"] == MEMORY
     assert memory_limit_in_cgroup(limited, "lim-mem-refused") == MEMORY
     assert await value(limited, "lim-mem-refused", "len(x)") == 100 * MIB
@@ -542,7 +542,7 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
 
 async def test_tasks_lowered_live_refuse_at_the_new_count(limited: Service) -> None:
     await limited.create_session("lim-tasks-live")
-    report = limited.set_session_limits("lim-tasks-live", {"tasks": 24})
+    report = await limited.set_session_limits("lim-tasks-live", {"tasks": 24})
     assert report.changed_now == ("tasks",)
     result = await run(limited, "lim-tasks-live", FORK_40_SLOWLY)
     assert result.limit == "tasks", result.text()
@@ -563,7 +563,7 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
         "import os\n[os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ('/tmp', '/dev/shm')]"
     )
     assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
-    report = limited.set_session_limits("lim-tmp-size", {"tmp_bytes": "16M"})
+    report = await limited.set_session_limits("lim-tmp-size", {"tmp_bytes": "16M"})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tmp_bytes",))
     assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
     await limited.restart_session("lim-tmp-size")
@@ -582,7 +582,7 @@ async def test_limits_of_a_stopped_session_apply_at_its_start(limited: Service) 
     await limited.create_session("lim-stopped")
     await limited.stop_session("lim-stopped")
     assert limited.session_limits("lim-stopped").usage is None
-    report = limited.set_session_limits("lim-stopped", {"tasks": 32})
+    report = await limited.set_session_limits("lim-stopped", {"tasks": 32})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tasks",))
     await limited.start_session("lim-stopped")
     box = limited.sessions.sessions["lim-stopped"].box
@@ -595,7 +595,7 @@ async def test_changed_limits_survive_a_server_restart(tmp_path: Path, limited: 
     settings = replace(limited.settings, state_dir=tmp_path / "restarted")
     async with Service(settings) as first:
         await first.create_session("lim-kept")
-        first.set_session_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
+        await first.set_session_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
     async with Service(settings) as again:
         kept = again.session_limits("lim-kept").limits
         assert (kept["tasks"], kept["memory_bytes"]) == (40, 300 * MIB)

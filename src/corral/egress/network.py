@@ -115,61 +115,66 @@ class Network:
         same name starts from the default)."""
         await self.proxy.close(session_id)
         self.policies.pop(session_id, None)
-        self.store.delete_policy(session_id)
+        await self.store.run(self.store.delete_policy, session_id)
 
     # -- changes by the operator -----------------------------------------------------------
 
-    def set(self, session_id: str, mode: str, allow: list[str]) -> tuple[Policy, int]:
-        """Replace the session's policy; returns it and how many open tunnels were cut."""
+    async def set(self, session_id: str, mode: str, allow: list[str]) -> tuple[Policy, int]:
+        """Replace the session's policy (stored first); returns it and how many open tunnels
+        were cut."""
         policy = make_policy(mode, allow)
+        entries = [e.text for e in policy.entries]
+        await self.store.run(self.store.put_policy, session_id, policy.mode, entries)
         self.policies[session_id] = policy
-        self.store.put_policy(session_id, policy.mode, [e.text for e in policy.entries])
         return policy, self.proxy.policy_changed(session_id)
 
-    def allow(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
+    async def allow(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
         """Add entries (a `none` session becomes an allowlist; `public` stays public)."""
         current = self.policy(session_id)
         mode = "allowlist" if current.mode == "none" else current.mode
-        return self.set(session_id, mode, [*_texts(current), *hosts])
+        return await self.set(session_id, mode, [*_texts(current), *hosts])
 
-    def deny(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
+    async def deny(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
         """Remove entries; removing the last one of an allowlist leaves an empty allowlist."""
         drop = {entry.text for host in hosts for entry in parse_entry(host)}
         current = self.policy(session_id)
-        return self.set(session_id, current.mode, [t for t in _texts(current) if t not in drop])
+        return await self.set(
+            session_id, current.mode, [t for t in _texts(current) if t not in drop]
+        )
 
     # -- requests by the agent -------------------------------------------------------------
 
-    def request(self, session_id: str, hosts: list[str], reason: str) -> NetRequest:
+    async def request(self, session_id: str, hosts: list[str], reason: str) -> NetRequest:
         """Record an agent's request; it grants nothing until the operator approves it."""
         if not hosts or len(hosts) > MAX_REQUEST_HOSTS:
             raise InvalidInput(f"ask for 1 to {MAX_REQUEST_HOSTS} hosts")
         for host in hosts:
             parse_entry(host)
         reason = reason.strip()[:MAX_REASON_CHARS]
-        request_id = self.store.add_request(session_id, list(hosts), reason)
-        return self.get_request(request_id)
+        request_id = await self.store.run(self.store.add_request, session_id, list(hosts), reason)
+        return await self.get_request(request_id)
 
-    def requests(self, status: str | None = None) -> list[NetRequest]:
+    async def requests(self, status: str | None = None) -> list[NetRequest]:
         if status not in (None, "pending", "approved", "rejected"):
             raise InvalidInput(f"unknown request status {status!r}")
-        return self.store.requests(status)
+        return await self.store.run(self.store.requests, status)
 
-    def get_request(self, request_id: int) -> NetRequest:
-        for request in self.store.requests():
+    async def get_request(self, request_id: int) -> NetRequest:
+        for request in await self.store.run(self.store.requests):
             if request.id == request_id:
                 return request
         raise NotFound(f"no network request {request_id}")
 
-    def decide(self, request_id: int, approve: bool) -> NetRequest:
+    async def decide(self, request_id: int, approve: bool) -> NetRequest:
         """The operator's answer; approving adds the hosts to the session's allowlist."""
-        request = self.get_request(request_id)
+        request = await self.get_request(request_id)
         if request.status != "pending":
             raise InvalidInput(f"request {request_id} is already {request.status}")
         if approve:
-            self.allow(request.session, request.hosts)
-        self.store.decide_request(request_id, "approved" if approve else "rejected")
-        return self.get_request(request_id)
+            await self.allow(request.session, request.hosts)
+        decision = "approved" if approve else "rejected"
+        await self.store.run(self.store.decide_request, request_id, decision)
+        return await self.get_request(request_id)
 
 
 def _texts(policy: Policy) -> list[str]:

@@ -21,6 +21,8 @@ from corral.kernels.kernel import SandboxedKernel, reply_to
 from corral.kernels.results import ExecutionError, ExecutionResult, Limit, Status, strip_ansi
 
 OutputHook = Callable[[str, Any], Awaitable[None]]
+# Called just before code goes to the kernel, with the result that will hold its outcome.
+BeforeSend = Callable[[ExecutionResult], None]
 POLL_S = 0.25
 DRAIN_S = 0.05  # how long a dead kernel's socket is read for messages still arriving
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
@@ -118,14 +120,18 @@ async def run_code(
     limits: ExecutionLimits,
     result: ExecutionResult,
     on_output: OutputHook | None = None,
+    before_send: BeforeSend | None = None,
 ) -> Outcome:
-    """Send `code` once and fold everything it produces into `result`."""
+    """Send `code` once and fold everything it produces into `result`; `before_send` is
+    called just before it goes (what it raises stops the call, with nothing sent)."""
     client = _client(kernel)
     await kernel.interrupts_settled()  # an interrupt still on its way would land in this code
     if not await kernel.is_alive():
         raise KernelUnreachable(f"the {kernel.language} kernel is not running")
     started = time.monotonic()
     result.started_at = time.time()
+    if before_send is not None:
+        before_send(result)
     msg_id = client.execute(code, allow_stdin=False, stop_on_error=False)
     watch = _Watch(kernel, limits, started)
     collector = OutputCollector(result, limits.max_output_bytes)

@@ -17,6 +17,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from corral.config import Settings
@@ -24,14 +25,13 @@ from corral.errors import (
     InvalidInput,
     KernelStartFailed,
     KernelUnreachable,
-    SandboxError,
     SessionExists,
     SessionNotFound,
     ShuttingDown,
     TooManySessions,
 )
 from corral.kernels.disk_patrol import DiskPatrol
-from corral.kernels.execute import ExecutionLimits, OutputHook, run_code
+from corral.kernels.execute import BeforeSend, ExecutionLimits, OutputHook, run_code
 from corral.kernels.factory import EgressSockets, KernelFactory
 from corral.kernels.limit_hits import attribute_limit, counters
 from corral.kernels.pool import WarmPool
@@ -113,7 +113,7 @@ class SessionManager:
         await self.factory.fonts.close()
         for session in self.sessions.values():
             self._save(session)
-        self.store.close()
+        await asyncio.to_thread(self.store.close)  # after the writes queued
         self.factory.close()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -130,10 +130,10 @@ class SessionManager:
         if session_id in self.sessions:
             raise SessionExists(session_id)
         chosen = choose_mounts(mounts, self.factory.mounts)
-        session = self._register(session_id)
+        session = await self._register(session_id)
         if chosen:
             session.options["mounts"] = chosen
-            self.store.put_options(session_id, session.options)
+            await self.store.run(self.store.put_options, session_id, session.options)
         if start:
             await self._ensure_kernel(session, "python")
         return session.info()
@@ -174,7 +174,7 @@ class SessionManager:
         if self.factory.egress is not None:
             await self.factory.egress.forget(session_id)
         del self.sessions[session_id]
-        self.store.delete(session_id)
+        await self.store.run(self.store.delete, session_id)
         shutil.rmtree(self.settings.sessions_dir / session_id, ignore_errors=True)
 
     # -- execution -----------------------------------------------------------------------
@@ -187,10 +187,13 @@ class SessionManager:
         language: str = "python",
         timeout_s: float | None = None,
         on_output: OutputHook | None = None,
+        before_send: BeforeSend | None = None,
     ) -> ExecutionResult:
         """Run `code` in the session (the default session when None), after earlier calls.
 
-        Creates the default session on first use; a named session must exist.
+        Creates the default session on first use; a named session must exist. `before_send`
+        is called once, just before the code goes to the kernel; what it raises stops the
+        call there, with nothing sent.
         """
         language = validate_language(language)
         session = self.session_for(session_id)
@@ -204,7 +207,7 @@ class SessionManager:
             session.current_call = (_current_task(), language)
             try:
                 return await self._execute_locked(
-                    session, code, language, timeout_s, on_output, queued
+                    session, code, language, timeout_s, (on_output, before_send), queued
                 )
             finally:
                 session.current_call = None
@@ -215,7 +218,7 @@ class SessionManager:
         code: str,
         language: str,
         timeout_s: float | None,
-        on_output: OutputHook | None,
+        hooks: tuple[OutputHook | None, BeforeSend | None],
         queued: float,
     ) -> ExecutionResult:
         result = ExecutionResult(language=language, session_id=session.record.id)
@@ -225,12 +228,12 @@ class SessionManager:
         session.disk.begin()
         before = counters(session.box)
         try:
-            outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+            outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
         except KernelUnreachable:
             # Nothing was sent: it is safe to try once more on a fresh kernel.
             await self._replace_kernel(session, language)
             restarted = True
-            outcome = await run_code(session.kernels[language], code, limits, result, on_output)
+            outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
         session.disk.ended()
         outcome.result.limit = outcome.result.limit or session.disk.stopped()
         attribute_limit(outcome.result, before, counters(session.box), session.limits)
@@ -377,13 +380,15 @@ class SessionManager:
         """The named session, or the default one (registered on first use) for None."""
         if session_id is None:
             if DEFAULT_SESSION not in self.sessions:
-                self._register(DEFAULT_SESSION)
+                # Made on first use, anywhere: its record is stored without waiting (a
+                # refusal is logged, and it is stored again at its next change).
+                self.store.later(self.store.put, self._add(DEFAULT_SESSION))
             return self.sessions[DEFAULT_SESSION]
         return self._get(session_id)
 
-    def save_options(self, session: Session) -> None:
+    async def save_options(self, session: Session) -> None:
         """Store what the operator chose for `session` (limit changes, mounts, bridge)."""
-        self.store.put_options(session.id, session.options)
+        await self.store.run(self.store.put_options, session.id, session.options)
 
     def _get(self, session_id: str) -> Session:
         session = self.sessions.get(validate_session_id(session_id))
@@ -391,14 +396,25 @@ class SessionManager:
             raise SessionNotFound(session_id)
         return session
 
-    def _register(self, session_id: str) -> Session:
+    async def _register(self, session_id: str) -> Session:
         created = now()
         record = SessionRecord(session_id, created, created, "stopped")
-        self.store.put(record)  # first: a refused write leaves no half-made session
+        # First: a refused write leaves no half-made session.
+        await self.store.run(self.store.put, record)
+        if session_id in self.sessions:  # made meanwhile, by a call that did not wait
+            raise SessionExists(session_id)
+        self._add(session_id, record)
+        return self.sessions[session_id]
+
+    def _add(self, session_id: str, record: SessionRecord | None = None) -> SessionRecord:
+        """Hold a new session in memory (its record stored by the caller); its record."""
+        if record is None:
+            created = now()
+            record = SessionRecord(session_id, created, created, "stopped")
         session = self._session(record, {})
         session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.sessions[session_id] = session
-        return session
+        return record
 
     def _session(self, record: SessionRecord, options: dict[str, Any]) -> Session:
         limits = self.settings.limits
@@ -415,14 +431,12 @@ class SessionManager:
         session.record.last_used_at = now()
 
     def _save(self, session: Session) -> None:
-        """Store the session's state. A refused write (database locked, disk full) is logged:
-        the record is written again at its next change and at close, and every session is
-        stopped at the next start anyway, so the caller's action stands."""
+        """Store the session's state, without waiting (a copy of its record, in the store's
+        thread). A refused write (database locked, disk full) is logged: the record is
+        written again at its next change and at close, and every session is stopped at the
+        next start anyway, so the caller's action stands."""
         session.record.state = session.state
-        try:
-            self.store.put(session.record)
-        except SandboxError as exc:
-            log.warning("could not store the state of session %s: %s", session.record.id, exc)
+        self.store.later(self.store.put, replace(session.record))
 
 
 def _current_task() -> asyncio.Task[Any]:

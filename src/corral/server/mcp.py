@@ -213,8 +213,8 @@ class _Tools:
     async def request_network_access(
         self, hosts: list[str], reason: str, ctx: Context, session_id: str | None = None
     ) -> NetworkRequestView:
-        made: NetRequest = _sync_tool_call(
-            lambda: self.service.request_network_access(session_id, hosts, reason)
+        made: NetRequest = await _tool_call(
+            self.service.request_network_access(session_id, hosts, reason)
         )
         if self.service.settings.net_elicitation:
             made = await self._ask_user(made, ctx)
@@ -244,9 +244,9 @@ class _Tools:
         except Exception:  # the client cannot elicit: the operator decides later
             return made
         if answer.action == "accept" and isinstance(answer.data, AccessAnswer):
-            return self.service.decide_network_request(made.id, answer.data.allow)
+            return await self.service.decide_network_request(made.id, answer.data.allow)
         if answer.action == "decline":
-            return self.service.decide_network_request(made.id, False)
+            return await self.service.decide_network_request(made.id, False)
         return made
 
     async def write_file(

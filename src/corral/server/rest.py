@@ -191,7 +191,7 @@ def _required_path(request: Request) -> str:
 
 async def admin_audit(request: Request) -> Response:
     params = request.query_params
-    page = service_of(request).audit_page(
+    page = await service_of(request).audit_page(
         kind=params.get("kind"),
         session=params.get("session"),
         before_id=_int_param(params.get("before_id")),
@@ -214,13 +214,13 @@ async def admin_set_limits(request: Request) -> Response:
     changes = body.model_dump(exclude_none=True)
     if not changes:
         raise InvalidInput("name at least one limit to change")
-    report = service_of(request).set_session_limits(request.path_params["id"], changes)
+    report = await service_of(request).set_session_limits(request.path_params["id"], changes)
     return JSONResponse(report.to_dict())
 
 
 async def admin_set_bridge(request: Request) -> Response:
     body = await parse_body(request, BridgeRequest)
-    report = service_of(request).set_bridge(request.path_params["id"], body.ssh_agent)
+    report = await service_of(request).set_bridge(request.path_params["id"], body.ssh_agent)
     return JSONResponse(report.to_dict())
 
 
@@ -253,7 +253,7 @@ async def browser_fetch(request: Request) -> Response:
 async def request_network(request: Request) -> Response:
     """The agent asks for access; the answer comes from the operator, later."""
     body = await parse_body(request, NetworkAccessRequest)
-    made = service_of(request).request_network_access(
+    made = await service_of(request).request_network_access(
         request.path_params["id"], body.hosts, body.reason
     )
     return JSONResponse(made.to_dict(), status_code=202)
@@ -265,39 +265,42 @@ async def admin_get_network(request: Request) -> Response:
 
 async def admin_set_network(request: Request) -> Response:
     body = await parse_body(request, NetworkPolicyRequest)
-    changed = service_of(request).set_network(request.path_params["id"], body.mode, body.allow)
+    changed = await service_of(request).set_network(
+        request.path_params["id"], body.mode, body.allow
+    )
     return JSONResponse(changed.to_dict())
 
 
 async def admin_allow_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    changed = service_of(request).allow_network(request.path_params["id"], body.hosts)
+    changed = await service_of(request).allow_network(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
 async def admin_deny_network(request: Request) -> Response:
     body = await parse_body(request, NetworkHostsRequest)
-    changed = service_of(request).deny_network(request.path_params["id"], body.hosts)
+    changed = await service_of(request).deny_network(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
 async def admin_network_requests(request: Request) -> Response:
     status = request.query_params.get("status")
-    found = service_of(request).network_requests(status)
+    found = await service_of(request).network_requests(status)
     return JSONResponse({"requests": [made.to_dict() for made in found]})
 
 
 async def admin_approve_request(request: Request) -> Response:
-    return _decide_request(request, approve=True)
+    return await _decide_request(request, approve=True)
 
 
 async def admin_reject_request(request: Request) -> Response:
-    return _decide_request(request, approve=False)
+    return await _decide_request(request, approve=False)
 
 
-def _decide_request(request: Request, *, approve: bool) -> Response:
+async def _decide_request(request: Request, *, approve: bool) -> Response:
     request_id = _int_param(request.path_params["rid"], default=0)
-    return JSONResponse(service_of(request).decide_network_request(request_id, approve).to_dict())
+    decided = await service_of(request).decide_network_request(request_id, approve)
+    return JSONResponse(decided.to_dict())
 
 
 def _bool_param(raw: str | None) -> bool:

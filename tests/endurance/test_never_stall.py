@@ -1,0 +1,176 @@
+"""The server never stalls and forgets nothing, against a real `corral serve` process.
+
+- Code running when the server is SIGKILLed is in the audit log after the restart, marked
+  interrupted (server stopped), and a `server` entry says the last run did not stop cleanly.
+- An entry the locked database refused is not lost when the server is killed before the
+  database lets go.
+- With the state database locked by another program, `/health` and a running session's
+  executions answer while a new session waits for the lock.
+
+Figures are printed (`pytest -s`), never asserted as timings: what is asserted is the order
+of observable events (every call answered while the lock was still held, before the call
+that needs the database).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.endurance.calls import (
+    WAIT_S,
+    audit,
+    call,
+    create,
+    execute,
+    locked_database,
+    read_file,
+    wait_until,
+)
+from tests.endurance.served import Served, served
+
+pytestmark = pytest.mark.bwrap
+
+SLEEPERS = 4
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[concurrent.futures.ThreadPoolExecutor]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=SLEEPERS + 4) as executor:
+        yield executor
+
+
+def sleeper(sid: str) -> str:
+    """Code that marks the workspace, then sleeps far past the test."""
+    return (
+        "import pathlib, time\n"
+        f"pathlib.Path('/workspace/asleep').write_text('{sid}')\n"
+        "time.sleep(40)\n"
+    )
+
+
+def killed(server: Served) -> None:
+    """SIGKILL the server, and wait (bounded) until its sandboxes went with it."""
+    process = server.process
+    assert process is not None
+    process.kill()
+    process.wait(WAIT_S)
+    wait_until(lambda: not server.sandboxes(), "the killed server's sandboxes to go")
+
+
+def test_code_running_when_the_server_is_killed_is_audited_as_interrupted(
+    tmp_path: Path, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    with served(tmp_path) as server:
+        sids = [f"sleep{n}" for n in range(SLEEPERS)]
+        for sid in sids:
+            create(server, sid)
+        calls = [
+            pool.submit(
+                call, server, "POST", f"/v1/sessions/{sid}/execute", json={"code": sleeper(sid)}
+            )
+            for sid in sids
+        ]
+        for sid in sids:
+            wait_until(lambda sid=sid: read_file(server, sid, "asleep"), f"{sid} to be asleep")
+        running = {e["session"]: e["status"] for e in audit(server, kind="execution")}
+        assert running == dict.fromkeys(sids, "running")
+
+        killed(server)
+        answers = [future.result(timeout=WAIT_S) for future in calls]
+        assert all(answer.status is None for answer in answers), answers  # cut off
+        server.start()
+
+        entries = {e["session"]: e for e in audit(server, kind="execution")}
+        assert sorted(entries) == sids
+        for sid in sids:
+            entry = entries[sid]
+            assert (entry["status"], entry["code"]) == ("interrupted", sleeper(sid)), entry
+            assert entry["detail"]["interrupted"] == "server stopped"
+        (stop,) = audit(server, kind="server")
+        assert (stop["action"], stop["actor"]) == ("stopped-uncleanly", "system")
+        assert stop["detail"]["interrupted_executions"] == SLEEPERS
+        print(f"\nSIGKILL with {SLEEPERS} executions running: {SLEEPERS}/{SLEEPERS} audited")
+
+        # A clean stop after that leaves no such entry at the next start.
+        server.restart()
+        assert len(audit(server, kind="server")) == 1
+
+
+def test_an_entry_the_locked_database_refused_outlives_a_kill(tmp_path: Path) -> None:
+    with served(tmp_path) as server:
+        create(server, "held")
+        with locked_database(server.state_dir / "corral.db"):
+            result = execute(server, "held", "print('while locked')")
+            assert result["stdout"] == "while locked\n"
+            killed(server)  # before the database took the entry
+        server.start()
+        (entry,) = audit(server, kind="execution", session="held")
+        assert (entry["code"], entry["status"]) == ("print('while locked')", "ok")
+
+
+LOCK_S = 15.0  # longer than the database's busy timeout (10 s)
+PROBES = 20
+
+
+def timed(action: Callable[[], None]) -> float:
+    started = time.monotonic()
+    action()
+    return time.monotonic() - started
+
+
+def test_a_locked_database_holds_up_neither_health_nor_a_running_session(
+    tmp_path: Path, pool: concurrent.futures.ThreadPoolExecutor
+) -> None:
+    with served(tmp_path) as server:
+        create(server, "steady")
+        assert execute(server, "steady", "1 + 1")["results"] == [{"text/plain": "2"}]
+        before = probe(server)
+        with locked_database(server.state_dir / "corral.db"):
+            locked = time.monotonic()
+            creating = pool.submit(call, server, "POST", "/v1/sessions", json={"id": "locked-out"})
+            during = probe(server)
+            # Every probe answered while the new session still waited for the database.
+            assert not creating.done()
+            refused = creating.result(timeout=WAIT_S)
+            wait_until(lambda: time.monotonic() - locked >= LOCK_S, "the lock's end", LOCK_S + 1)
+        assert refused.status == 503 and "locked" in (refused.json_message or ""), refused
+        print(
+            f"\nGET /health and a running session's 1+1, {PROBES} each, median and max in ms: "
+            f"before {before}; while the state db was locked {LOCK_S:g} s {during}; the new "
+            "session answered 503 after the busy timeout"
+        )
+        # Once the lock is gone, everything that ran in the meantime is in the audit log.
+        wait_until(
+            lambda: len(audit(server, kind="execution", session="steady")) == 2 * PROBES + 1,
+            "the executions run under the lock to be written",
+        )
+        assert call(server, "POST", "/v1/sessions", json={"id": "locked-out"}).status == 201
+
+
+def probe(server: Served) -> str:
+    """`PROBES` health checks and 1+1 executions, one after another: their figures."""
+    health: list[float] = []
+    runs: list[float] = []
+    for _ in range(PROBES):
+        health.append(timed(lambda: assert_healthy(server)))
+        runs.append(timed(lambda: assert_two(server)))
+    return f"/health {figures(health)}, 1+1 {figures(runs)}"
+
+
+def figures(seconds: list[float]) -> str:
+    return f"{statistics.median(seconds) * 1000:.1f}/{max(seconds) * 1000:.1f}"
+
+
+def assert_healthy(server: Served) -> None:
+    answer = call(server, "GET", "/health")
+    assert answer.status == 200, answer
+
+
+def assert_two(server: Served) -> None:
+    assert execute(server, "steady", "1 + 1")["results"] == [{"text/plain": "2"}]
