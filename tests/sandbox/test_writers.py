@@ -1,7 +1,10 @@
-"""Naming the processes that wrote between two looks of the disk patrol (pure snapshots)."""
+"""Naming the processes that wrote, or were busy, between two looks of the disk patrol."""
 
 from __future__ import annotations
 
+import os
+
+from corral.sandbox import writers
 from corral.sandbox.writers import KERNEL_WRITE_FLOOR, writers_since
 
 MIB = 1024 * 1024
@@ -34,3 +37,16 @@ def test_a_kernel_counts_only_past_the_floor() -> None:
     assert writers_since(before, small) == ()
     big = {(KERNEL, 101): KERNEL_WRITE_FLOOR // 2, (KERNEL, 102): KERNEL_WRITE_FLOOR // 2}
     assert writers_since(before, big) == (KERNEL,)
+
+
+def test_a_process_is_busy_past_a_share_of_the_time_between_two_looks() -> None:
+    before = {10: 1.0, 20: 5.0}
+    now = {10: 1.3, 20: 5.01, 30: 0.5}  # 30 is new: all it used counts
+    assert writers.busy_since(before, now, elapsed_s=1.0) == (10, 30)
+    assert writers.busy_since(before, now, elapsed_s=1.5) == (30,)  # 0.3 s of 1.5 s is idle
+    assert writers.busy_since({}, {40: 0.01}, elapsed_s=0.01) == ()  # under the floor
+
+
+def test_cpu_times_are_read_for_live_processes_only() -> None:
+    times = writers.cpu_times([os.getpid(), 2**22 + 7])
+    assert set(times) == {os.getpid()} and times[os.getpid()] > 0

@@ -13,9 +13,8 @@ what writes, at once and whether code runs or not:
 - a kernel that wrote while no code of it ran (a background thread), or whose branches had
   to be killed twice in one idle period, is stopped; its next call starts a fresh kernel
   and says why;
-- when no code runs and no process can be named although the session grew by more than a
-  kernel's own small writes (files created empty dirty no data pages, so the write counters
-  miss them), every kernel of the session is stopped, and its sandbox with it.
+- what wrote is named by the data pages it dirtied, or, when the session grew with none
+  dirtied (files created empty), by the CPU it used meanwhile (`DiskWatch.look`).
 
 Signals are sent from the patrol's thread; what needs the event loop (stopping a kernel for
 good) is handed to it, and what was stopped is told in the session's next result
@@ -101,9 +100,6 @@ class DiskPatrol:
         names = [writers.name_of(top) for top in culprits.branches]
         session.disk.strikes += 1
         running = _running_kernel(session)
-        # Nothing named while no code runs, yet the session grows: empty files dirty no
-        # data pages, so the writer may be anywhere in the sandboxes. They all go.
-        unnamed = running is None and not culprits.named() and hit.grew_past_noise()
         signals: list[tuple[int, signal.Signals]] = []
         idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
@@ -115,15 +111,11 @@ class DiskPatrol:
                     signals.append((pid, signum))
             elif (session.id, language) in self._dropping:
                 continue  # already on its way out
-            elif (
-                unnamed
-                or pid in culprits.kernels
-                or (pid in culprits.parents and session.disk.strikes > 1)
-            ):
+            elif pid in culprits.kernels or (pid in culprits.parents and session.disk.strikes > 1):
                 idle.append(language)
         if running is not None:
             session.disk.stop_running_code()
-        note = _what_was_stopped(session, names, idle, running is not None, unnamed)
+        note = _what_was_stopped(session, names, idle, running is not None)
         if not idle and (note or running is not None):
             _tell(session, note)
         elif not idle:
@@ -182,22 +174,12 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def _what_was_stopped(
-    session: Session, killed: list[str], kernels: list[str], busy: bool, unnamed: bool = False
-) -> str:
+def _what_was_stopped(session: Session, killed: list[str], kernels: list[str], busy: bool) -> str:
     """The note for the next result. A running execution's result names the limit itself
     (`describe_hit`); an idle session's next result must say it all."""
     parts = []
     if killed:
         parts.append(f"processes that kept writing were killed: {', '.join(sorted(set(killed)))}")
-    if unnamed and kernels:
-        parts.append(
-            "no single process could be named for the growth (files created empty leave no "
-            f"trace in the write counters), so the session's kernels ({', '.join(kernels)}) "
-            "were stopped with every process they started: the next call starts a fresh "
-            "kernel (variables lost, files kept)"
-        )
-        kernels = []
     for language in kernels:
         parts.append(
             f"the {language} kernel kept writing while none of its code ran (a background "

@@ -10,7 +10,10 @@ quota-enabled mount, so the server looks. A `DiskWatch` holds one session's last
 code runs and `IDLE_S` otherwise, and at once (within `TICK_S`) when the free space or free
 inodes of the session's filesystems fell by more than the room the session had left, the
 one sign that it may have crossed its limit. Each look also reads how much every sandbox
-process has written (`/proc/PID/io`), so a look past the limit names the writers.
+process has written (`/proc/PID/io`), so a look past the limit names the writers. Files
+created empty dirty no data pages, so when the session grew past noise and no process wrote,
+the processes that were busy on a CPU meanwhile are named instead (`writers.busy_since`);
+growth with neither (the host put files there) names nobody.
 
 The overshoot is what the writers put on disk between crossing the limit and being stopped:
 one tick, one look and the stop (docs/architecture.md gives the figures measured).
@@ -103,6 +106,7 @@ class Hit:
     files: int
     writers: tuple[int, ...]  # host pids that wrote to a disk since the look before
     grown: tuple[int, int] = (0, 0)  # bytes and files added since the look before
+    by_cpu: bool = False  # `writers` are the processes busy meanwhile: none wrote
 
     def grew_past_noise(self) -> bool:
         """Whether the growth is more than a kernel's own small writes (a cache file, a
@@ -134,6 +138,7 @@ class DiskWatch:
         self.devices: dict[int, str] = {}  # a path on each filesystem the session writes to
         self._free_then: dict[int, Free] = {}
         self._written: writers.Counts = {}
+        self._cpu: dict[int, float] = {}
         self._added = (0, 0)  # bytes and files the host added, in total (see `added`)
         self._stopped = False
         self._rebase = False
@@ -158,9 +163,11 @@ class DiskWatch:
     def look(self) -> Hit | None:
         """Measure now; a `Hit` when past a limit and grown since the look before (the first
         look sets the baseline)."""
-        started, cpu = time.monotonic(), time.thread_time()
+        started, thread_cpu = time.monotonic(), time.thread_time()
         added_before = self._added
-        written = writers.disk_writes(self.processes())
+        processes = self.processes()
+        written = writers.disk_writes(processes)
+        cpu = writers.cpu_times(processes)
         paths = list(self.paths())
         devices = _devices(paths)
         free = free_space(devices)  # before the walk: what it finds was written by then
@@ -171,9 +178,11 @@ class DiskWatch:
         files += self._added[1] - added_before[1]
         before_bytes, before_files = self.usage, self.files
         wrote = writers.writers_since(self._written, written)
+        busy = writers.busy_since(self._cpu, cpu, started - self.measured_at)
         self.usage, self.files = usage, files
-        self.devices, self._free_then, self._written = devices, free, written
-        self.measured_at, self.took_s = started, time.thread_time() - cpu
+        self.devices, self._free_then = devices, free
+        self._written, self._cpu = written, cpu
+        self.measured_at, self.took_s = started, time.thread_time() - thread_cpu
         if before_bytes is None or before_files is None or self._rebase:
             self._rebase = False
             return None
@@ -181,7 +190,10 @@ class DiskWatch:
         grew_files = files > self.limit_files() and files > before_files
         if not (grew_bytes or grew_files):
             return None
-        return Hit(usage, files, wrote, (usage - before_bytes, files - before_files))
+        hit = Hit(usage, files, wrote, (usage - before_bytes, files - before_files))
+        if not wrote and hit.grew_past_noise():
+            return Hit(hit.usage, hit.files, busy, hit.grown, by_cpu=True)
+        return hit
 
     def room(self) -> tuple[int, int]:
         """Bytes and files the session may still add, as of the last look (a first look is

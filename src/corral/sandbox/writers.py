@@ -22,6 +22,11 @@ INIT_NS_PID = 1
 # writer only past this much between two looks, which a thread filling the disk passes at
 # once.
 KERNEL_WRITE_FLOOR = 1024 * 1024
+# A process that creates files empty dirties no data pages, so the write counters miss it;
+# what it cannot hide is its CPU time. Busy means at least this share of the time between
+# two looks (an idle kernel uses well under 1%), and at least BUSY_FLOOR_S.
+BUSY_SHARE = 0.25
+BUSY_FLOOR_S = 0.02
 
 
 @dataclass
@@ -32,10 +37,6 @@ class Culprits:
     branches: list[int] = field(default_factory=list)
     kernels: set[int] = field(default_factory=set)
     parents: set[int] = field(default_factory=set)
-
-    def named(self) -> bool:
-        """Whether any process was found to stop."""
-        return bool(self.branches or self.kernels)
 
 
 def ns_pid(pid: int) -> int | None:
@@ -107,6 +108,24 @@ def writers_since(before: Counts, now: Counts) -> tuple[int, ...]:
     return tuple(
         pid for pid, n in grown.items() if n >= (KERNEL_WRITE_FLOOR if pid in kernels else 1)
     )
+
+
+def cpu_times(pids: Iterable[int]) -> dict[int, float]:
+    """The CPU seconds each process has used itself (its reaped children's are not in it)."""
+    times: dict[int, float] = {}
+    for pid in pids:
+        if (found := watchdog.sample(pid)) is not None:
+            times[pid] = found.cpu_s
+    return times
+
+
+def busy_since(
+    before: dict[int, float], now: dict[int, float], elapsed_s: float
+) -> tuple[int, ...]:
+    """The pids that used at least `BUSY_SHARE` of a CPU over the `elapsed_s` between two
+    snapshots (a process new since the first counts all it used)."""
+    floor = max(BUSY_FLOOR_S, BUSY_SHARE * elapsed_s)
+    return tuple(pid for pid, cpu in now.items() if cpu - before.get(pid, 0.0) >= floor)
 
 
 def _threads(pid: int) -> list[str]:
