@@ -15,6 +15,7 @@ that needs the database).
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -174,3 +175,44 @@ def assert_healthy(server: Served) -> None:
 
 def assert_two(server: Served) -> None:
     assert execute(server, "steady", "1 + 1")["results"] == [{"text/plain": "2"}]
+
+
+DISCONNECTS = 100
+
+
+def abandon_body(server: Served, path: str, *, declared: int = 4096) -> None:
+    """Send a request's headers and a part of its body, then go away."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S) as conn:
+        head = (
+            f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Authorization: Bearer {server.token()}\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {declared}\r\n\r\n"
+        )
+        conn.sendall(head.encode() + b"x" * 100)
+
+
+def test_clients_that_go_away_mid_body_are_one_quiet_line_each(tmp_path: Path) -> None:
+    with served(tmp_path) as server:
+        create(server, "gone")
+        upload = "/v1/sessions/gone/files/content?path=abandoned.bin"
+        abandon_body(server, upload)  # the first one may log more (imports, warm-up)
+        wait_until(lambda: server.log().count("went away") == 1, "the first disconnect's line")
+        before = len(server.log().encode())
+        for _ in range(DISCONNECTS):
+            abandon_body(server, upload)
+        wait_until(
+            lambda: server.log().count("went away") == DISCONNECTS + 1,
+            "a line for each disconnect",
+        )
+        health = timed(lambda: assert_healthy(server))
+        grown = len(server.log().encode()) - before
+        print(
+            f"\n{DISCONNECTS} clients gone mid-body: {grown / DISCONNECTS:.0f} log bytes each; "
+            f"GET /health then took {health * 1000:.1f} ms"
+        )
+        log = server.log()
+        assert "Traceback" not in log and "crashed" not in log
+        assert grown <= DISCONNECTS * 200, log[-2000:]
+        listing = call(server, "GET", "/v1/sessions/gone/files", params={"path": "."})
+        assert listing.status == 200, listing
+        assert [e["name"] for e in listing.body["entries"]] == []  # the upload left nothing

@@ -154,6 +154,7 @@ def serve(
     The runtime file (`corral.owner`) is published once the socket listens and removed when
     the service closes.
     """
+    configure_logging()
     raise_open_file_limit()
     app = build_app(settings, service, tokens, token_problem)
     config = uvicorn.Config(
@@ -168,6 +169,22 @@ def serve(
     server = _Server(config, service)
     server.run(sockets=[sock or bind_socket(settings.host, settings.port)])
     return server.started
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging() -> None:
+    """One plain line per record on stderr (a traceback only for a real crash).
+
+    Done before the MCP SDK is set up, which would otherwise give the root logger its rich
+    handler: a record wrapped and padded over several lines, and a boxed traceback that
+    took the event loop seconds to draw."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
 
 
 def raise_open_file_limit() -> None:

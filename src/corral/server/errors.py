@@ -1,7 +1,8 @@
 """Mapping corral's errors and bad input to HTTP statuses, in one place (the edge).
 
 Known errors become a status and their message; anything else is logged with its traceback
-and becomes a 500 that reveals nothing of it.
+and becomes a 500 that reveals nothing of it. A client that went away before its body
+arrived is normal: one quiet line, no traceback, and nothing to answer.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from corral import errors as e
@@ -64,12 +65,21 @@ async def validation_error(request: Request, exc: Exception) -> Response:
     return error_response(422, "invalid_body", problems)
 
 
+async def client_went_away(request: Request, exc: Exception) -> Response:
+    log.info(
+        "%s %s: the client went away before its body arrived", request.method, request.url.path
+    )
+    # Nobody reads it: uvicorn drops what is sent on a closed connection.
+    return Response(status_code=400)
+
+
 async def unexpected_error(request: Request, exc: Exception) -> Response:
     log.error("%s %s crashed", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal_error", "corral hit an unexpected error; see its log")
 
 
 HANDLERS = {
+    ClientDisconnect: client_went_away,
     e.CorralError: corral_error,
     ValidationError: validation_error,
     Exception: unexpected_error,
