@@ -10,6 +10,7 @@ import signal
 
 import psutil
 
+from corral.kernels.results import MAX_TRACEBACK_CHARS
 from corral.sandbox.profile import SANDBOX_PYTHON_KERNEL
 from corral.service import Service
 
@@ -48,6 +49,33 @@ async def test_exception_is_a_structured_error_without_ansi(sandbox: Service) ->
     joined = "\n".join(result.error.traceback)
     assert "\x1b[" not in joined
     assert "ValueError" in joined
+
+
+DEEP_CHAIN = """
+def chain(n):
+    try:
+        if n == 0:
+            raise ValueError('the root cause')
+        chain(n - 1)
+    except Exception as exc:
+        raise RuntimeError(f'level {n}') from exc
+chain(500)
+"""
+
+
+async def test_a_500_deep_exception_chain_reports_the_error_raised(sandbox: Service) -> None:
+    result = await sandbox.execute(DEEP_CHAIN, session_id="probe")
+    assert result.status == "error", result.text()
+    assert result.error is not None
+    assert (result.error.ename, result.error.evalue) == ("RuntimeError", "level 500")
+    joined = "\n".join(result.error.traceback)
+    assert "level 500" in joined
+    assert "RecursionError" not in joined
+    # The root cause and the innermost frames that fit are there, and the cut is said.
+    assert "ValueError: the root cause" in joined
+    assert "chain(n - 1)" in joined
+    assert "more chained exceptions and" in joined
+    assert len(joined) <= MAX_TRACEBACK_CHARS + 200
 
 
 async def test_state_persists_between_calls(sandbox: Service) -> None:

@@ -18,7 +18,14 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelUnreachable
 from corral.kernels.kernel import SandboxedKernel, reply_to
-from corral.kernels.results import ExecutionError, ExecutionResult, Limit, Status, strip_ansi
+from corral.kernels.results import (
+    ExecutionError,
+    ExecutionResult,
+    Limit,
+    Status,
+    bound_traceback,
+    strip_ansi,
+)
 
 OutputHook = Callable[[str, Any], Awaitable[None]]
 # Called just before code goes to the kernel, with the result that will hold its outcome.
@@ -74,7 +81,9 @@ class OutputCollector:
             self.result.error = ExecutionError(
                 ename=str(content.get("ename", "")),
                 evalue=strip_ansi(str(content.get("evalue", ""))),
-                traceback=[strip_ansi(line) for line in content.get("traceback", [])],
+                traceback=bound_traceback(
+                    [strip_ansi(str(line)) for line in content.get("traceback", [])]
+                ),
             )
         elif kind == "clear_output":
             self.result.stdout = self.result.stderr = ""

@@ -21,6 +21,45 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
+MAX_TRACEBACK_CHARS = 32_000
+_CAUSE_MARKS = (
+    "The above exception was the direct cause of the following exception",
+    "During handling of the above exception, another exception occurred",
+)
+
+
+def bound_traceback(blocks: list[str], max_chars: int = MAX_TRACEBACK_CHARS) -> list[str]:
+    """The traceback's blocks (a frame or a chained exception's header each), within
+    `max_chars`: past it the middle goes, and a line says how much. A quarter of the room is
+    for the start (the root cause of a chain, the outermost call) and the rest for the end
+    (the innermost frames and the error raised), which say the most."""
+    if sum(len(block) + 1 for block in blocks) <= max_chars:
+        return blocks
+    head = _fitting(blocks, max_chars // 4)
+    tail = _fitting(blocks[len(head) :][::-1], max_chars - max_chars // 4)[::-1]
+    middle = blocks[len(head) : len(blocks) - len(tail)]
+    if not tail:  # one block larger than the room: its end
+        tail = ["..." + blocks[-1][-(max_chars - max_chars // 4) :]]
+        middle = blocks[len(head) : -1]
+    chained = sum(mark in block for block in middle for mark in _CAUSE_MARKS)
+    what = f"{chained} more chained exceptions and " if chained else ""
+    cut = (
+        f"[corral: {what}{len(middle)} traceback entries "
+        f"({sum(len(b) for b in middle):,} characters) cut here; the error raised is last]"
+    )
+    return [*head, cut, *tail]
+
+
+def _fitting(blocks: list[str], room: int) -> list[str]:
+    kept: list[str] = []
+    for block in blocks:
+        room -= len(block) + 1
+        if room < 0:
+            break
+        kept.append(block)
+    return kept
+
+
 @dataclass
 class ExecutionError:
     """An exception the code raised, as the kernel reported it (ANSI codes stripped)."""
