@@ -1044,3 +1044,32 @@ async def test_closing_a_session_while_its_socket_opens_leaves_no_listener(
     await opening
     assert _servers_listening_at(path) == []
     assert SID not in h.proxy.sessions
+
+
+async def test_an_open_cancelled_at_any_step_leaves_no_listener_unheld(
+    start: Any, tmp_path: Path
+) -> None:
+    # A pool kernel given up at close cancels its socket's open wherever it is; a listener
+    # bound before that point must still be one the proxy holds, and closes.
+    h = await start({})
+    for steps in range(8):  # bounded: the open takes a few loop iterations
+        path = tmp_path / f"cancel{steps}.sock"
+        opening = asyncio.create_task(h.proxy.open(SID, path))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
+        await h.proxy.close(SID)
+        assert _servers_bound_at(path) == [], steps
+
+
+def _servers_bound_at(path: Path) -> list[asyncio.Server]:
+    """Every asyncio server in this process whose socket at `path` is still open, serving
+    or not (one made and never started is a leak too)."""
+    gc.collect()
+    return [
+        server
+        for server in gc.get_objects()
+        if isinstance(server, asyncio.base_events.Server)
+        and any(sock.fileno() != -1 and sock.getsockname() == str(path) for sock in server.sockets)
+    ]

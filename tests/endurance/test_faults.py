@@ -352,7 +352,9 @@ def shutdown(
         exit_s = server.terminate(timeout_s=60)
         answers = {sid: future.result(timeout=WAIT_S) for sid, future in running.items()}
         waiting = queued.result(timeout=WAIT_S)
-        left = [p for p in before if alive(p)] + server.sandboxes()
+        # Stopped before the server exited; what the kill reaches may take a moment to go.
+        _, going = psutil.wait_procs(before, timeout=15)
+        left = [p for p in going if alive(p)] + server.sandboxes()
         server.start()
         yield Shutdown(server, exit_s, answers, waiting, left, len(before))
 

@@ -186,11 +186,15 @@ class EgressProxy:
         os.makedirs(path.parent, mode=0o700, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        # Made without serving, so that no await lies between binding the socket and holding
+        # it: a start cancelled there (a pool kernel given up at close) left a listener that
+        # nothing held, found only by the garbage collector.
         egress.server = await asyncio.start_unix_server(
-            lambda r, w: self._serve(egress, r, w), path=str(path)
+            lambda r, w: self._serve(egress, r, w), path=str(path), start_serving=False
         )
         os.chmod(path, 0o600)
         egress.inode = os.lstat(path).st_ino
+        await egress.server.start_serving()
 
     def _stop(self, egress: SessionEgress) -> None:
         if egress.server is not None:
