@@ -70,6 +70,10 @@ class Settings:
     egress_max_connections: int = 64
     egress_idle_timeout_s: float = 300.0
     max_body_bytes: int = 10 * MIB
+    header_timeout_s: float = 10.0  # for a request's headers to arrive, from its first byte
+    body_idle_timeout_s: float = 30.0  # the longest wait for the next part of a request body
+    body_timeout_s: float = 300.0  # for a whole request body
+    max_connections: int = 1000  # open HTTP connections (and requests running); more get 503
     max_upload_bytes: int = 100 * MIB
     allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated
     pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none

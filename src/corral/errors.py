@@ -164,6 +164,10 @@ class TooLarge(CapacityExceeded):
     """An upload, a file or a request body is past its size cap."""
 
 
+class BodyTimedOut(CorralError):
+    """A request body stopped arriving, or took longer than its time bound."""
+
+
 class FetchFailed(CorralError):
     """A browser fetch reached no page: refused by the browsing policy, unreachable, or the
     browser failed. The message says which."""

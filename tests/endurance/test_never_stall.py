@@ -216,3 +216,116 @@ def test_clients_that_go_away_mid_body_are_one_quiet_line_each(tmp_path: Path) -
         listing = call(server, "GET", "/v1/sessions/gone/files", params={"path": "."})
         assert listing.status == 200, listing
         assert [e["name"] for e in listing.body["entries"]] == []  # the upload left nothing
+
+
+# -- slow clients --------------------------------------------------------------------------
+
+HEADER_S = 2.0  # the read bounds this server is given (small, so the test is short)
+BODY_IDLE_S = 2.0
+BODY_TOTAL_S = 6.0
+CAP = 40
+SLOW = 30  # slowloris connections: fewer than the cap
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with served(
+        tmp_path_factory.mktemp("slow"),
+        header_timeout_s=str(HEADER_S),
+        body_idle_timeout_s=str(BODY_IDLE_S),
+        body_timeout_s=str(BODY_TOTAL_S),
+        max_connections=str(CAP),
+    ) as server:
+        create(server, "slow")
+        yield server
+
+
+def connect(server: Served) -> socket.socket:
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
+    conn.settimeout(HEADER_S + WAIT_S)
+    return conn
+
+
+def closed_by_server(conn: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (bounded by the socket's
+    timeout: a server that never closes fails the test)."""
+    received = b""
+    try:
+        while chunk := conn.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_connections_that_never_finish_their_headers_are_closed(bounded: Served) -> None:
+    conns = [connect(bounded) for _ in range(SLOW)]
+    for conn in conns:  # a request line and part of a header, then nothing more
+        conn.sendall(
+            f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{bounded.port}\r\nX-Slow: a".encode()
+        )
+    assert_healthy(bounded)  # the server answers others meanwhile
+    started = time.monotonic()
+    answers = [closed_by_server(conn) for conn in conns]
+    closed_s = time.monotonic() - started
+    for conn in conns:
+        conn.close()
+    assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), answers[:3]
+    print(
+        f"\n{SLOW} slowloris connections closed {closed_s:.1f} s after the last byte "
+        f"(bound {HEADER_S:g} s)"
+    )
+
+
+def test_a_body_that_stops_is_answered_408_and_closed(bounded: Served) -> None:
+    conn = connect(bounded)
+    conn.sendall(
+        f"POST /v1/sessions/slow/execute HTTP/1.1\r\nHost: 127.0.0.1:{bounded.port}\r\n".encode()
+        + f"Authorization: Bearer {bounded.token()}\r\n".encode()
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b'5\r\n{"cod\r\n'  # a chunk, and never the last one
+    )
+    answer = closed_by_server(conn)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"the request body" in answer
+
+
+def test_a_body_that_trickles_past_its_total_time_is_answered_408(bounded: Served) -> None:
+    conn = connect(bounded)
+    conn.sendall(
+        b"PUT /v1/sessions/slow/files/content?path=trickle.bin HTTP/1.1\r\n"
+        + f"Host: 127.0.0.1:{bounded.port}\r\n".encode()
+        + f"Authorization: Bearer {bounded.token()}\r\n".encode()
+        + b"Content-Length: 1000\r\n\r\n"
+    )
+    deadline = time.monotonic() + BODY_TOTAL_S + WAIT_S  # bounded: the server must answer
+    conn.setblocking(False)
+    answer = b""
+    while time.monotonic() < deadline and not answer:
+        try:
+            conn.send(b"x")  # one byte at a time, each within the idle bound
+        except OSError:
+            break
+        time.sleep(BODY_IDLE_S / 4)
+        try:
+            answer = conn.recv(65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            break
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    listing = call(bounded, "GET", "/v1/sessions/slow/files", params={"path": "."})
+    assert "trickle.bin" not in [e["name"] for e in listing.body["entries"]]
+
+
+def test_past_the_connection_cap_a_request_is_refused_until_slow_ones_go(bounded: Served) -> None:
+    conns = [connect(bounded) for _ in range(CAP)]
+    for conn in conns:
+        conn.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{bounded.port}\r\n".encode())
+    assert call(bounded, "GET", "/health").status == 503
+    for conn in conns:
+        closed_by_server(conn)
+        conn.close()
+    wait_until(lambda: call(bounded, "GET", "/health").status == 200, "the cap to have room")

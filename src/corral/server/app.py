@@ -35,6 +35,7 @@ from corral.server.body import BodyLimit
 from corral.server.errors import HANDLERS
 from corral.server.mcp import build_mcp
 from corral.server.openapi import document
+from corral.server.protocol import bounded_protocol
 from corral.service import Service
 from corral.tokens import Tokens
 
@@ -100,7 +101,11 @@ def build_app(
     )
     app.state.service = service
     limited = BodyLimit(
-        app, max_bytes=settings.max_body_bytes, upload_bytes=settings.max_upload_bytes
+        app,
+        max_bytes=settings.max_body_bytes,
+        upload_bytes=settings.max_upload_bytes,
+        idle_s=settings.body_idle_timeout_s,
+        total_s=settings.body_timeout_s,
     )
     return Guard(limited, tokens=tokens, token_problem=token_problem, hosts=hosts)
 
@@ -165,6 +170,8 @@ def serve(
         lifespan="on",
         timeout_graceful_shutdown=10,
         server_header=False,
+        http=bounded_protocol(settings.header_timeout_s),
+        limit_concurrency=settings.max_connections,
     )
     server = _Server(config, service)
     server.run(sockets=[sock or bind_socket(settings.host, settings.port)])

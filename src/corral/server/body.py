@@ -1,15 +1,21 @@
-"""Caps on request bodies, enforced before a route reads them.
+"""Caps on request bodies, enforced before a route reads them: their size and their time.
 
 A declared Content-Length over the cap is refused at once; a chunked body is counted as it
-arrives and cut off with 413 when it passes the cap.
+arrives and cut off with 413 when it passes the cap. A body that stops (the next part not
+there within `idle_s`) or trickles (not whole within `total_s` of the first read) is cut off
+with 408, and the connection closed. Once the body is whole nothing is timed: a stream
+that waits for its client to leave waits as long as it likes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.errors import TooLarge
+from corral.errors import BodyTimedOut, TooLarge
 from corral.server.responses import error_response
 
 
@@ -30,11 +36,15 @@ class BodyLimit:
         max_bytes: int,
         upload_bytes: int,
         upload_suffix: str = "/files/content",
+        idle_s: float = 30.0,
+        total_s: float = 300.0,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.upload_bytes = upload_bytes
         self.upload_suffix = upload_suffix
+        self.idle_s = idle_s
+        self.total_s = total_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -53,10 +63,16 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, _counting(receive, cap), tracking_send)
+            timed = _timed(receive, self.idle_s, self.total_s)
+            await self.app(scope, _counting(timed, cap), tracking_send)
         except BodyTooLarge:
             if not started:
                 await _too_large(cap)(scope, receive, send)
+        except BodyTimedOut as exc:  # raised where no route turned it into its 408
+            if not started:
+                response = error_response(408, "body_timeout", str(exc))
+                response.headers["connection"] = "close"
+                await response(scope, receive, send)
 
 
 def _counting(receive: Receive, cap: int) -> Receive:
@@ -69,6 +85,29 @@ def _counting(receive: Receive, cap: int) -> Receive:
             seen += len(message.get("body", b""))
             if seen > cap:
                 raise BodyTooLarge(cap)
+        return message
+
+    return wrapped
+
+
+def _timed(receive: Receive, idle_s: float, total_s: float) -> Receive:
+    whole = False
+    deadline: float | None = None
+
+    async def wrapped() -> Message:
+        nonlocal whole, deadline
+        if whole:
+            return await receive()
+        now = time.monotonic()
+        deadline = deadline or now + total_s
+        wait_s = min(idle_s, deadline - now)
+        try:
+            message = await asyncio.wait_for(receive(), timeout=max(wait_s, 0.0))
+        except TimeoutError:
+            late = "stopped arriving" if wait_s == idle_s else "took too long"
+            limit = idle_s if wait_s == idle_s else total_s
+            raise BodyTimedOut(f"the request body {late} (limit {limit:g} s)") from None
+        whole = message["type"] != "http.request" or not message.get("more_body", False)
         return message
 
     return wrapped

@@ -26,6 +26,7 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.NotFound, 404, "not_found"),
     (e.Conflict, 409, "conflict"),
     (e.TooLarge, 413, "too_large"),
+    (e.BodyTimedOut, 408, "body_timeout"),
     (e.TooManySessions, 429, "too_many_sessions"),
     (e.StorageFull, 507, "storage_full"),
     (e.CapacityExceeded, 429, "capacity_exceeded"),
@@ -52,7 +53,10 @@ async def corral_error(request: Request, exc: Exception) -> Response:
     status, code = status_of(exc)
     if status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    return error_response(status, code, str(exc))
+    response = error_response(status, code, str(exc))
+    if status == 408:  # the rest of the body will not come: nothing more to read here
+        response.headers["connection"] = "close"
+    return response
 
 
 async def validation_error(request: Request, exc: Exception) -> Response:
