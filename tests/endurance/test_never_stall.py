@@ -329,3 +329,38 @@ def test_past_the_connection_cap_a_request_is_refused_until_slow_ones_go(bounded
         closed_by_server(conn)
         conn.close()
     wait_until(lambda: call(bounded, "GET", "/health").status == 200, "the cap to have room")
+
+
+def health_request(server: Served) -> bytes:
+    return f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode()
+
+
+def read_response(conn: socket.socket) -> bytes:
+    """One whole response to /health (its body is small and JSON)."""
+    received = b""
+    while not received.endswith(b"}"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+def test_a_kept_alive_connection_idle_past_the_header_bound_is_reused(bounded: Served) -> None:
+    # Idle between requests is the keep-alive's business (silent, and long): a client that
+    # reuses its connection after a pause gets an answer, not a 408.
+    with connect(bounded) as conn:
+        conn.sendall(health_request(bounded))
+        assert read_response(conn).startswith(b"HTTP/1.1 200 ")
+        idle_until = time.monotonic() + HEADER_S + 1
+        wait_until(lambda: time.monotonic() >= idle_until, "the pause", HEADER_S + 2)
+        conn.sendall(health_request(bounded))
+        assert read_response(conn).startswith(b"HTTP/1.1 200 ")
+
+
+def test_slow_headers_on_a_kept_alive_connection_are_closed(bounded: Served) -> None:
+    with connect(bounded) as conn:
+        conn.sendall(health_request(bounded))
+        assert read_response(conn).startswith(b"HTTP/1.1 200 ")
+        conn.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{bounded.port}\r\nX-".encode())
+        assert closed_by_server(conn).startswith(b"HTTP/1.1 408 ")

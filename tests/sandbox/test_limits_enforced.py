@@ -85,8 +85,13 @@ child = subprocess.run(
 )
 print('child exit', child.returncode, child.stdout.strip())
 """
+
+
 # Files of 4 MiB until stopped; how far and how fast it got goes to progress.json at the end.
-WORKSPACE_FILLER = f"""
+def workspace_filler(room: int) -> str:
+    """Code that fills the workspace 1 MiB at a time and records, in progress.json, when it
+    wrote more than `room` (what the session had left) and when it last wrote."""
+    return f"""
 import json, os, time
 os.makedirs('/workspace/fill', exist_ok=True)
 chunk = b'x' * (1 << 20)
@@ -99,13 +104,15 @@ try:
                 f.write(chunk)
                 progress['bytes'] += len(chunk)
                 progress['last'] = time.monotonic()
-                if progress['crossed'] is None and progress['bytes'] > {WORKSPACE}:
+                if progress['crossed'] is None and progress['bytes'] > {room}:
                     progress['crossed'] = progress['last']
         i += 1
 finally:
     with open('/workspace/progress.json', 'w') as f:
         json.dump(progress, f)
 """
+
+
 ONE_BIG_FILE = """
 with open('{path}', 'wb') as f:
     while True:
@@ -367,8 +374,13 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
     info = await limited.create_session("lim-fill")
     beside = await limited.create_session("lim-beside")
     await keep_a_file(limited, "lim-fill")
+    # The session already holds its package prefix and a file: it crosses the limit when the
+    # code has written what is left, not the whole limit.
+    await disk_looked_at_again(limited, "lim-fill")
+    held = limited.session_limits("lim-fill").workspace_bytes_used
+    assert held is not None and held < WORKSPACE
 
-    result = await run(limited, "lim-fill", WORKSPACE_FILLER)
+    result = await run(limited, "lim-fill", workspace_filler(WORKSPACE - held))
     assert result.status == "interrupted", result.text()
     assert result.limit == "disk"
     assert result.message is not None and "the workspace holds at most 64 MiB" in result.message

@@ -171,6 +171,9 @@ def serve(
         timeout_graceful_shutdown=10,
         server_header=False,
         http=bounded_protocol(settings.header_timeout_s),
+        # Longer than clients keep an idle connection (httpx 5 s, aiohttp 15 s): the client
+        # lets it go first, never reusing one the server is closing at that moment.
+        timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=settings.max_connections,
     )
     server = _Server(config, service)
@@ -178,6 +181,7 @@ def serve(
     return server.started
 
 
+KEEP_ALIVE_S = 75  # as nginx; uvicorn's own 5 s raced httpx's pool
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

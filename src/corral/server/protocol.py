@@ -2,10 +2,12 @@
 
 uvicorn closes a connection idle between requests (`timeout_keep_alive`) but waits for ever
 for headers that trickle in: 200 connections sending a header byte now and then stayed open
-as long as their clients liked. Here a connection waiting for a request's headers has
-`header_timeout_s` from the moment it started waiting (opened, or its last response sent);
-past it the server answers 408 and closes. The count of open connections is bounded by
-uvicorn's `limit_concurrency` (503 past it), the body's read time by `corral.server.body`.
+as long as their clients liked. Here a request's headers have `header_timeout_s` from the
+moment the connection opened or, on a kept-alive connection, from the request's first byte;
+past it the server answers 408 and closes. An idle kept-alive connection is uvicorn's to
+close (silently, after `timeout_keep_alive`), so a client reusing it never meets a 408. The
+count of open connections is bounded by uvicorn's `limit_concurrency` (503 past it), the
+body's read time by `corral.server.body`.
 """
 
 from __future__ import annotations
@@ -42,15 +44,16 @@ class HeaderBoundProtocol(H11Protocol):
         self._headers_arrived()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._await_headers()  # the first byte of the next request on this connection
+        super().data_received(data)
+
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
         if self.cycle is not before:  # a request's headers were read
             self._headers_arrived()
-
-    def on_response_complete(self) -> None:
-        self._await_headers()  # the next request's; a pipelined one ends the wait at once
-        super().on_response_complete()
 
     def _await_headers(self) -> None:
         self._headers_arrived()
