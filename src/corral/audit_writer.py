@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -154,7 +155,7 @@ class AuditWriter:
         extra = {"key": key} if CALLS[call] else {}
         return self._apply_quietly(lambda: method(**args, **extra))
 
-    def _apply_quietly(self, write: Any) -> bool:
+    def _apply_quietly(self, write: Callable[[], object]) -> bool:
         try:
             write()
         except StateUnavailable as exc:  # kept in memory, and in the journal
@@ -181,13 +182,9 @@ class AuditWriter:
             1 for record in records if record.get("call") in CALLS and self._apply(record)
         )
         self._running.clear()  # whatever the last run began is over
-        interrupted = 0
-
-        def mark() -> None:
-            nonlocal interrupted
-            interrupted = self.audit.mark_interrupted(INTERRUPTED)
-
-        self._apply_quietly(mark)
+        marked: list[int] = []
+        self._apply_quietly(lambda: marked.append(self.audit.mark_interrupted(INTERRUPTED)))
+        interrupted = sum(marked)
         if unclean:
             entry = {
                 "key": uuid.uuid4().hex,

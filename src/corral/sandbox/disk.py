@@ -104,9 +104,8 @@ class Hit:
 
     usage: int
     files: int
-    writers: tuple[int, ...]  # host pids that wrote to a disk since the look before
+    writers: tuple[int, ...]  # host pids that wrote since the look before (none: those busy)
     grown: tuple[int, int] = (0, 0)  # bytes and files added since the look before
-    by_cpu: bool = False  # `writers` are the processes busy meanwhile: none wrote
 
     def grew_past_noise(self) -> bool:
         """Whether the growth is more than a kernel's own small writes (a cache file, a
@@ -192,7 +191,7 @@ class DiskWatch:
             return None
         hit = Hit(usage, files, wrote, (usage - before_bytes, files - before_files))
         if not wrote and hit.grew_past_noise():
-            return Hit(hit.usage, hit.files, busy, hit.grown, by_cpu=True)
+            return Hit(hit.usage, hit.files, busy, hit.grown)  # none wrote: the busy ones
         return hit
 
     def room(self) -> tuple[int, int]:
