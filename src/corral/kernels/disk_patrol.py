@@ -97,9 +97,14 @@ class DiskPatrol:
         The note goes to the session before any signal (the code stopped now must find it
         when its result is made), or, when a kernel is to be stopped for good, once it is."""
         culprits = writers.find_culprits(hit.writers)
+        running = _running_kernel(session)
+        if running is None and not (culprits.branches or culprits.kernels):
+            # Nothing named and nothing running: no strike (a second one stops the kernel
+            # that started a branch) and no rebase, so the next look weighs this growth too.
+            log.debug("session %s grew past its disk limit; no writer named yet", session.id)
+            return
         names = [writers.name_of(top) for top in culprits.branches]
         session.disk.strikes += 1
-        running = _running_kernel(session)
         signals: list[tuple[int, signal.Signals]] = []
         idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
