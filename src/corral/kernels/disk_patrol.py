@@ -100,7 +100,8 @@ class DiskPatrol:
         running = _running_kernel(session)
         if running is None and not (culprits.branches or culprits.kernels):
             # Nothing named and nothing running: no strike (a second one stops the kernel
-            # that started a branch) and no rebase, so the next look weighs this growth too.
+            # that started a branch) and no rebase: the next look is no baseline, so growth
+            # that goes on is judged, and its writer named, at once.
             log.debug("session %s grew past its disk limit; no writer named yet", session.id)
             return
         names = [writers.name_of(top) for top in culprits.branches]
