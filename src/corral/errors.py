@@ -58,6 +58,10 @@ class NotFound(CorralError):
     """A named thing does not exist."""
 
 
+class MountNotFound(NotFound):
+    """A session asked for a project mount the operator did not configure."""
+
+
 class SessionNotFound(NotFound):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"no session named {session_id!r}")

@@ -185,15 +185,15 @@ def test_admin_reads_and_changes_a_policy(server: RunningServer, sid: str) -> No
     ("method", "suffix", "body", "status", "words"),
     [
         ("PUT", "", {"mode": "sideways"}, 422, "mode"),
-        ("PUT", "", {"mode": "allowlist", "allow": ["not a host!"]}, 400, "'not a host!'"),
-        ("PUT", "", {"mode": "allowlist", "allow": [f"{HOST}:99999"]}, 400, "bad port"),
+        ("PUT", "", {"mode": "allowlist", "allow": ["not a host!"]}, 422, "'not a host!'"),
+        ("PUT", "", {"mode": "allowlist", "allow": [f"{HOST}:99999"]}, 422, "bad port"),
         ("PUT", "", {"mode": "allowlist", "allow": "example.org"}, 422, "allow"),
         ("PUT", "", {"mode": "none", "surprise": 1}, 422, "surprise"),
         ("PUT", "", b"{not json", 400, "not valid JSON"),
-        ("POST", "/allow", {"hosts": ["exa mple.org"]}, 400, "'exa mple.org'"),
+        ("POST", "/allow", {"hosts": ["exa mple.org"]}, 422, "'exa mple.org'"),
         ("POST", "/allow", {"hosts": []}, 422, "hosts"),
         ("POST", "/allow", {}, 422, "hosts"),
-        ("POST", "/deny", {"hosts": ["*.*"]}, 400, "'*.*'"),
+        ("POST", "/deny", {"hosts": ["*.*"]}, 422, "'*.*'"),
     ],
 )
 def test_bad_policy_bodies_are_refused_with_a_message(
@@ -252,7 +252,7 @@ def test_a_request_is_pending_and_grants_nothing_until_the_operator_approves(
     assert made["id"] in [r["id"] for r in requests_listed(server, "approved")]
     for decision in ("approve", "reject"):
         again = call(server, "admin", "POST", f"/v1/admin/network/requests/{made['id']}/{decision}")
-        assert again.status_code == 400, again.text
+        assert again.status_code == 409, again.text
         assert "already approved" in error_message(again)
 
 
@@ -266,7 +266,7 @@ def test_a_rejected_request_grants_nothing(server: RunningServer, quiet: str, si
     assert made["id"] in [r["id"] for r in requests_listed(server, "rejected")]
     for decision in ("reject", "approve"):
         again = call(server, "admin", "POST", f"/v1/admin/network/requests/{made['id']}/{decision}")
-        assert again.status_code == 400, again.text
+        assert again.status_code == 409, again.text
         assert "already rejected" in error_message(again)
     assert policy(server, quiet)["mode"] == "none"
 
@@ -276,7 +276,7 @@ def test_a_rejected_request_grants_nothing(server: RunningServer, quiet: str, si
     [
         ({"hosts": []}, 422, "hosts"),
         ({"hosts": [f"h{i}.example.org" for i in range(21)]}, 422, "hosts"),
-        ({"hosts": ["no such host!"]}, 400, "'no such host!'"),
+        ({"hosts": ["no such host!"]}, 422, "'no such host!'"),
         ({"hosts": ["example.org"], "reason": "x" * 2001}, 422, "reason"),
         ({"hosts": ["example.org"], "grant": True}, 422, "grant"),
     ],

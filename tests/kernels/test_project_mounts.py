@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from corral.config import Settings
-from corral.errors import InvalidInput
+from corral.errors import Conflict, InvalidInput, MountNotFound
 from corral.kernels.projects import MountBusy
 from corral.mounts import configured_mounts
 from corral.protect import DEFAULT_PROTECTED, ProtectionRefused
@@ -373,7 +373,7 @@ async def test_an_unknown_mount_is_refused_naming_the_configured_ones(
     settings: Settings, repo: Path
 ) -> None:
     async with Service(with_mounts(settings, f"proj={repo}:rw,src={repo}/src")) as service:
-        with pytest.raises(InvalidInput, match=r"unknown mount 'nope': .* are proj, src$"):
+        with pytest.raises(MountNotFound, match=r"unknown mount 'nope': .* are proj, src$"):
             await service.create_session("unknown", mounts=["nope"])
         assert service.list_sessions() == []
 
@@ -382,7 +382,7 @@ async def test_two_overlapping_mounts_in_one_session_are_refused(
     settings: Settings, repo: Path
 ) -> None:
     async with Service(with_mounts(settings, f"proj={repo}:rw,src={repo}/src:ro")) as service:
-        with pytest.raises(InvalidInput, match="mounts 'src' and 'proj' overlap"):
+        with pytest.raises(Conflict, match="mounts 'src' and 'proj' overlap"):
             await service.create_session("both", mounts=["proj", "src"])
         assert service.list_sessions() == []
 

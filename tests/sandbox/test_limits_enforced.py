@@ -469,12 +469,23 @@ async def test_time_limit_lowered_live(limited: Service) -> None:
     await limited.create_session("lim-time-live")
     report = await limited.set_session_limits("lim-time-live", {"exec_timeout_s": 1})
     assert report.changed_now == ("exec_timeout_s",)
-    with pytest.raises(InvalidInput, match="between 0 and 1 seconds"):
-        await run(limited, "lim-time-live", "1", timeout_s=5.0)
     result = await limited.execute("while True: pass", session_id="lim-time-live")
     assert (result.status, result.limit) == ("timeout", "time")
     # The lowered limit stopped it, not the configured one: the result names which.
     assert result.message is not None and "1 s time limit" in result.message
+
+
+async def test_a_timeout_past_the_cap_runs_with_the_cap_and_says_so(limited: Service) -> None:
+    await limited.create_session("lim-time-cap")
+    await limited.set_session_limits("lim-time-cap", {"exec_timeout_s": 2})
+    assert await value(limited, "lim-time-cap", "6 * 7") == 42  # asks 20 s, past the cap
+    result = await run(limited, "lim-time-cap", "while True: pass", timeout_s=3600.0)
+    assert (result.status, result.limit) == ("timeout", "time")
+    cut = "stopped after the 2 s time limit (the session's cap; 3600 s was asked)"
+    assert result.message == cut
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(InvalidInput, match="positive number of seconds"):
+            await run(limited, "lim-time-cap", "1", timeout_s=bad)
 
 
 async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None:

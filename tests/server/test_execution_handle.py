@@ -93,22 +93,22 @@ def test_a_streamed_request_is_checked_against_the_sessions_raised_timeout(
     assert lines[-1]["type"] == "result" and lines[-1]["stdout"] == "long allowed\n"
 
 
-def test_a_timeout_past_the_limit_is_refused_before_a_kernel_starts(
+def test_a_timeout_that_is_not_positive_is_refused_before_a_kernel_starts(
     server: RunningServer, sid: str
 ) -> None:
     with server.client() as http:
         assert http.post(f"/v1/sessions/{sid}/stop").json()["state"] == "stopped"
-        too_long = {"code": "1", "timeout_s": 10_000}
-        plain = http.post(f"/v1/sessions/{sid}/execute", json=too_long)
+        negative = {"code": "1", "timeout_s": -1}
+        plain = http.post(f"/v1/sessions/{sid}/execute", json=negative)
         streamed = http.post(
             f"/v1/sessions/{sid}/execute",
-            json=too_long,
+            json=negative,
             headers={"Accept": "text/event-stream"},
         )
-        compat = http.post("/execute", json={"code": "1", "session_id": sid, "timeout": 10_000})
+        compat = http.post("/execute", json={"code": "1", "session_id": sid, "timeout": 0})
     for response in (plain, streamed):
-        assert response.status_code == 400, response.text
-        assert response.json()["error"]["code"] == "invalid_input"
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == "invalid_body"
     assert compat.status_code == 400 and "timeout" in compat.json()["stderr"]
     info = session_state(server, sid)
     assert (info["state"], info["kernels"]) == ("stopped", [])

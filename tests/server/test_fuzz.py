@@ -4,7 +4,10 @@ schemathesis turns every documented operation into a strategy of requests, schem
 schema-violating (its positive and negative modes); hypothesis draws a bounded, seeded number
 of them per operation, sent with the agent token (the admin token on `/v1/admin/` routes).
 Every response must not be a 5xx and must conform to the document: a documented status code,
-its content type, its headers and its body schema.
+its content type, its headers and its body schema. The document must also say what the server
+accepts: a schema-valid request is not refused as malformed (positive data acceptance) and a
+schema-violating one is (negative data rejection), except where an operation's description
+states what a schema cannot (`AS_DESCRIBED` below).
 
 The document is `corral.server.openapi.document()`, checked to be exactly what the live server
 serves at `/openapi.json`. schemathesis' own pytest loaders are not used: under pytest 9.2,
@@ -34,12 +37,15 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
+    negative_data_rejection,
     not_a_server_error,
+    positive_data_acceptance,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 from schemathesis.config import SchemathesisConfig
+from schemathesis.config._checks import NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES
 
 from corral.server.openapi import document
 from corral.tokens import load_tokens
@@ -52,18 +58,79 @@ REQUEST_TIMEOUT_S = 30.0  # per request; an execution is capped far lower, at EX
 EXEC_TIMEOUT_S = 5.0
 # A session that exists, so that requests reach real sessions as well as unknown ids.
 KNOWN_SESSION = "fuzz-known"
+# Refusals a JSON schema cannot state, each named in its operation's description: a value
+# that is well formed but refused for its meaning (a size under the minimum, a body that is
+# not a zip of one skill, a path that leaves the workspace). Only these may meet valid data.
+FILES = {(400, "path_refused")}
+AS_DESCRIBED: dict[str, set[tuple[int, str]]] = {
+    "PATCH /v1/admin/sessions/{id}/limits": {(400, "invalid_input")},
+    "POST /v1/admin/skills": {(400, "invalid_input")},
+    "GET /v1/sessions/{id}/files": FILES,
+    "DELETE /v1/sessions/{id}/files": FILES,
+    "GET /v1/sessions/{id}/files/content": FILES,
+    "PUT /v1/sessions/{id}/files/content": FILES,
+}
+# coderunner's browser routes answer everything with 200, a bad request with status "error".
+IN_BAND_ERRORS = {"POST /v1/browser/interactions/navigate", "POST /v1/browser/interactions/content"}
+
+
+def _error_code(response: Any) -> str | None:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# A server error the document names: this server has no browser (see fuzz_server).
+SERVER_ERRORS = {"POST /v1/browser/fetch": {(503, "sandbox_unavailable")}}
+
+
+def no_undocumented_server_error(ctx: Any, response: Any, case: Any) -> bool | None:
+    """schemathesis' not_a_server_error, but for a server error the document names."""
+    documented = SERVER_ERRORS.get(case.operation.label, set())
+    if (response.status_code, _error_code(response)) in documented:
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
+def valid_data_is_accepted(ctx: Any, response: Any, case: Any) -> bool | None:
+    """schemathesis' positive data acceptance, but for the refusals a description names."""
+    described = AS_DESCRIBED.get(case.operation.label, set())
+    if (response.status_code, _error_code(response)) in described:
+        return None
+    return positive_data_acceptance(ctx, response, case)
+
+
+def invalid_data_is_refused(ctx: Any, response: Any, case: Any) -> bool | None:
+    """schemathesis' negative data rejection; coderunner's browser routes refuse in-band."""
+    if case.operation.label in IN_BAND_ERRORS and response.status_code == 200:
+        negative = case.meta is not None and case.meta.generation.mode.is_negative
+        if negative and response.json().get("status") != "error":
+            raise AssertionError(f"invalid data was not refused: {response.text[:500]}")
+        return None
+    return negative_data_rejection(ctx, response, case)
+
+
 CHECKS = [
-    not_a_server_error,
+    no_undocumented_server_error,
     status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
     response_schema_conformance,
+    valid_data_is_accepted,
+    invalid_data_is_refused,
 ]
 
 CONFIG = SchemathesisConfig.from_dict(
     {
         # Generated Authorization headers would only meet 401: every request has a real token.
         "generation": {"with-security-parameters": False},
+        # A body past the server's size limit is refused with 413 before it is parsed.
+        "checks": {
+            "negative_data_rejection": {
+                "expected-statuses": [*NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES, "413"]
+            }
+        },
         # Failure reports hide the token but keep session ids, so that they can be replayed.
         "output": {
             "sanitization": {
@@ -79,7 +146,11 @@ OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_o
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A real server of its own, with short execution limits and a small session cap."""
+    """A real server of its own, with short execution limits and a small session cap.
+
+    It has no Chromium: a browser route checks its request and answers that no browser is
+    there, at once. Loading pages is tested in tests/browser and tests/server/test_browser_api;
+    here a page per generated URL would take most of a minute per operation."""
     root = tmp_path_factory.mktemp("fuzz")
     run = Path(tempfile.mkdtemp(prefix="crfz", dir="/tmp"))
     server_settings = replace(
@@ -92,6 +163,7 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
         max_output_bytes=20_000,
         max_body_bytes=200_000,
         max_upload_bytes=1_000_000,
+        browser_chromium=str(root / "no-chromium"),
     )
     tokens = load_tokens(server_settings.config_dir, env={})
     running, uv, thread = start_server(server_settings, tokens)
@@ -114,6 +186,22 @@ def test_no_documented_schema_is_a_reference_to_itself() -> None:
     schemas = document()["components"]["schemas"]
     for name, schema in schemas.items():
         assert schema.get("$ref") != f"#/components/schemas/{name}", name
+
+
+def _keys(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key
+            yield from _keys(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _keys(item)
+
+
+def test_the_document_holds_no_pydantic_only_keyword() -> None:
+    """A bound pydantic cannot express in JSON Schema shows as `ge` and binds no client."""
+    leaked = {"ge", "gt", "le", "lt", "strict", "allow_inf_nan"} & set(_keys(document()))
+    assert leaked == set()
 
 
 def _strategy(label: str) -> Any:

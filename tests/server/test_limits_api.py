@@ -131,12 +131,15 @@ def test_no_token_is_refused(server: RunningServer, sid: str) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "code", "words"),
     [
-        ({}, 400, "invalid_input", "name at least one limit"),
-        ({"memory_bytes": "lots"}, 400, "invalid_input", "'lots' is not a size"),
+        # What the schema admits but the limit's meaning refuses is 400.
         ({"memory_bytes": "1M"}, 400, "invalid_input", "at least 128 MiB"),
-        ({"workspace_bytes": -5}, 400, "invalid_input", "must be positive"),
+        ({"workspace_bytes": "0"}, 400, "invalid_input", "must be positive"),
         (b"{not json", 400, "invalid_input", "not valid JSON"),
         # Schema violations are 422 by the API's convention (server/errors.py).
+        ({}, 422, "invalid_body", "name at least one limit"),
+        ({"cpus": None}, 422, "invalid_body", "give a value for cpus, or leave it out"),
+        ({"memory_bytes": "lots"}, 422, "invalid_body", "'lots' is not a size"),
+        ({"workspace_bytes": -5}, 422, "invalid_body", "greater than or equal to 1"),
         ({"swap_bytes": "1G"}, 422, "invalid_body", "swap_bytes"),
         ({"tasks": 4}, 422, "invalid_body", "tasks"),
         ({"cpus": 0}, 422, "invalid_body", "cpus"),

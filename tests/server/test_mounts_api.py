@@ -47,12 +47,12 @@ def test_a_session_is_created_with_its_mount(mounted: RunningServer, cleanup: li
     assert body["stdout"] == "hello from the host\n"
 
 
-def test_an_unknown_mount_is_a_400_naming_the_configured_ones(mounted: RunningServer) -> None:
+def test_an_unknown_mount_is_a_404_naming_the_configured_ones(mounted: RunningServer) -> None:
     with mounted.client() as http:
         response = http.post("/v1/sessions", json={"id": "m-unknown", "mounts": ["home"]})
-        assert response.status_code == 400
+        assert response.status_code == 404
         assert response.json()["error"] == {
-            "code": "invalid_input",
+            "code": "mount_not_found",
             "message": "unknown mount 'home': the operator's mounts are proj",
         }
         assert http.get("/v1/sessions/m-unknown").status_code == 404
@@ -61,8 +61,13 @@ def test_an_unknown_mount_is_a_400_naming_the_configured_ones(mounted: RunningSe
 def test_a_mount_given_as_a_path_is_refused(mounted: RunningServer) -> None:
     with mounted.client() as http:
         response = http.post("/v1/sessions", json={"id": "m-path", "mounts": ["/etc"]})
-    assert response.status_code == 400
-    assert response.json()["error"]["message"].startswith("mount name /etc is invalid")
+        assert response.status_code == 422
+        message = response.json()["error"]["message"]
+        assert message.startswith("mounts.0: Value error, mount name /etc is invalid"), message
+        twice = http.post("/v1/sessions", json={"id": "m-path", "mounts": ["proj", "proj"]})
+        assert twice.status_code == 422
+        assert "mount 'proj' is named twice" in twice.json()["error"]["message"]
+        assert http.get("/v1/sessions/m-path").status_code == 404
 
 
 def test_a_busy_read_write_mount_is_a_409(mounted: RunningServer, cleanup: list[str]) -> None:

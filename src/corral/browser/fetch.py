@@ -14,6 +14,7 @@ import asyncio
 import base64
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -101,7 +102,11 @@ def validate_url(url: object) -> str:
     url = url.strip()
     if len(url) > MAX_URL_CHARS or any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
         raise InvalidInput("the URL is too long or contains spaces or control characters")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise InvalidInput(f"the URL {url!r} is malformed: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         shown = f"{scheme}:" if scheme else "a URL without a scheme"
@@ -179,9 +184,9 @@ class Browser:
         limit = self.settings.browser_timeout_s
         if timeout_s is None:
             return limit
-        if not 0 < timeout_s <= limit:
-            raise InvalidInput(f"the page timeout must be between 0 and {limit:g} seconds")
-        return timeout_s
+        if not 0 < timeout_s < math.inf:
+            raise InvalidInput("the page timeout must be a positive number of seconds")
+        return min(timeout_s, limit)
 
     async def _run(self, identity: str, request: dict[str, Any], deadline_s: float) -> Any:
         runner = [self.factory.runtime.sandbox_python, SANDBOX_RUNNER, json.dumps(request)]

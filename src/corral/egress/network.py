@@ -17,7 +17,7 @@ from corral.config import Settings
 from corral.egress.protocol import Target
 from corral.egress.proxy import EgressProxy, ProxyLimits, Resolver, system_resolver
 from corral.egress.rules import Decision, Policy, make_policy, parse_entry
-from corral.errors import InvalidInput, NotFound
+from corral.errors import Conflict, InvalidInput, NotFound
 from corral.sandbox.profile import EGRESS_SOCKET_NAME
 from corral.store import NetRequest, Store
 
@@ -169,7 +169,7 @@ class Network:
         """The operator's answer; approving adds the hosts to the session's allowlist."""
         request = await self.get_request(request_id)
         if request.status != "pending":
-            raise InvalidInput(f"request {request_id} is already {request.status}")
+            raise Conflict(f"request {request_id} is already {request.status}")
         if approve:
             await self.allow(request.session, request.hosts)
         decision = "approved" if approve else "rejected"

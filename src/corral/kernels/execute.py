@@ -50,6 +50,7 @@ class ExecutionLimits:
     grace_s: float
     max_output_bytes: int
     guard: Guard | None = None
+    asked_s: float | None = None  # the caller's timeout, when it was past the cap
 
 
 @dataclass
@@ -303,6 +304,8 @@ def _conclude(
         result.status = "timeout"
         result.limit = "time"
         result.message = f"stopped after the {limits.timeout_s:g} s time limit"
+        if limits.asked_s is not None:
+            result.message += f" (the session's cap; {limits.asked_s:g} s was asked)"
     elif watch.reason is not None:
         interrupted = result.error is not None and result.error.ename == "KeyboardInterrupt"
         result.status = "interrupted" if interrupted else _status_of(result)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.errors import Conflict, InvalidInput
+from corral.errors import Conflict, InvalidInput, MountNotFound
 from corral.fsafe import closing, lstat_at, open_dir_at
 from corral.mounts import MountSpec, check_name, overlapping
 from corral.protect import Plan, ProtectedBind, changes, escape_name, prepare, scan
@@ -84,19 +84,20 @@ def holding_folders(rels: Iterable[str]) -> list[str]:
 def choose_mounts(names: Sequence[str], configured: dict[str, MountSpec]) -> list[str]:
     """The mount names a session asks for, checked against the operator's configuration.
 
-    Raises `InvalidInput` for an unknown name, a repeated one, or two that overlap.
+    Raises `MountNotFound` for an unknown name, `InvalidInput` for a repeated one and
+    `Conflict` for two that overlap.
     """
     chosen: list[str] = []
     for name in names:
         check_name(name)
         if name not in configured:
             known = ", ".join(sorted(configured)) or "none are configured"
-            raise InvalidInput(f"unknown mount {name!r}: the operator's mounts are {known}")
+            raise MountNotFound(f"unknown mount {name!r}: the operator's mounts are {known}")
         if name in chosen:
             raise InvalidInput(f"mount {name!r} is named twice")
         for other in chosen:
             if overlapping(configured[name].path, configured[other].path):
-                raise InvalidInput(f"mounts {name!r} and {other!r} overlap; choose one")
+                raise Conflict(f"mounts {name!r} and {other!r} overlap; choose one")
         chosen.append(name)
     return chosen
 

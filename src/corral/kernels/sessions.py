@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -282,12 +283,15 @@ class SessionManager:
     def limits_for(
         self, timeout_s: float | None, session: Session | None = None
     ) -> ExecutionLimits:
-        """The limits of one execution; raises `InvalidInput` for a timeout past the cap."""
+        """The limits of one execution: a timeout past the session's cap is cut to the cap
+        (the result says so if it strikes); raises `InvalidInput` for one that is not positive."""
         limits = session.limits if session is not None else self.settings.limits
-        if timeout_s is not None and not 0 < timeout_s <= limits.exec_timeout_s:
-            raise InvalidInput(f"timeout must be between 0 and {limits.exec_timeout_s:g} seconds")
+        if timeout_s is not None and not 0 < timeout_s < math.inf:
+            raise InvalidInput("timeout must be a positive number of seconds")
+        cap = limits.exec_timeout_s
         return ExecutionLimits(
-            timeout_s=timeout_s or limits.exec_timeout_s,
+            timeout_s=min(timeout_s or cap, cap),
+            asked_s=timeout_s if timeout_s is not None and timeout_s > cap else None,
             grace_s=self.settings.interrupt_grace_s,
             max_output_bytes=limits.output_bytes,
             guard=session.disk if session is not None else None,

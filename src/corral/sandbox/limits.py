@@ -23,7 +23,9 @@ V2_CONTROLLERS = ("memory", "pids", "cpu")
 MECHANISMS = ("cgroup2", "cgroup1", "rlimit")
 
 KIB = 1024
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
+# A size as text: ASCII digits and blanks only, so that the REST document can say it exactly.
+SIZE_TEXT = r"[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*([kKmMgGtT]?)([iI]?[bB]?)[ \t]*"
+_SIZE = re.compile(SIZE_TEXT)
 _UNITS = {"": 1, "k": KIB, "m": KIB**2, "g": KIB**3, "t": KIB**4}
 
 

@@ -21,7 +21,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from corral import __version__
@@ -94,7 +94,7 @@ def build_app(
             *compat.ROUTES,
             *rest.ROUTES,
             *admin.ROUTES,
-            Mount("/", app=mcp_app),
+            *_mcp_routes(mcp_app),
         ],
         lifespan=lifespan,
         exception_handlers=HANDLERS,
@@ -108,6 +108,15 @@ def build_app(
         total_s=settings.body_timeout_s,
     )
     return Guard(limited, tokens=tokens, token_problem=token_problem, hosts=hosts)
+
+
+def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:
+    """The MCP app's own routes, taken into ours rather than mounted at /: a mount there
+    would match every path, so a known path with another method would be its 404, not 405.
+    Its lifespan runs in ours; it has no middleware of its own (no MCP auth is configured)."""
+    if mcp_app.user_middleware:
+        raise RuntimeError("the MCP app has middleware of its own; mount it instead")
+    return list(mcp_app.routes)
 
 
 def _health_route(health: Health, service: Service):  # type: ignore[no-untyped-def]

@@ -8,10 +8,13 @@ arrived is normal: one quiet line, no traceback, and nothing to answer.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from corral import errors as e
 from corral.server.responses import error_response
@@ -23,6 +26,7 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.PathRefused, 400, "path_refused"),
     (e.InvalidInput, 400, "invalid_input"),
     (e.SessionNotFound, 404, "session_not_found"),
+    (e.MountNotFound, 404, "mount_not_found"),
     (e.NotFound, 404, "not_found"),
     (e.Conflict, 409, "conflict"),
     (e.TooLarge, 413, "too_large"),
@@ -62,11 +66,16 @@ async def corral_error(request: Request, exc: Exception) -> Response:
 async def validation_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, ValidationError):
         return await unexpected_error(request, exc)
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}"
-        for err in exc.errors(include_url=False)
-    )
+    problems = "; ".join(_problem(err) for err in exc.errors(include_url=False))
     return error_response(422, "invalid_body", problems)
+
+
+def _problem(err: Any) -> str:
+    """'mounts.0: String should match pattern ... (got '/etc')': where, what, and the value."""
+    where = ".".join(str(part) for part in err["loc"]) or "body"
+    given = err.get("input")
+    shown = f" (got {given!r:.80})" if isinstance(given, str | int | float) and err["loc"] else ""
+    return f"{where}: {err['msg']}{shown}"
 
 
 async def client_went_away(request: Request, exc: Exception) -> Response:
@@ -75,6 +84,30 @@ async def client_went_away(request: Request, exc: Exception) -> Response:
     )
     # Nobody reads it: uvicorn drops what is sent on a closed connection.
     return Response(status_code=400)
+
+
+async def routing_error(request: Request, exc: Exception) -> Response:
+    """No route for the path (404), or not for its method (405, with the methods it takes)."""
+    if not isinstance(exc, HTTPException):
+        return await unexpected_error(request, exc)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        allowed = _methods_for(request)
+        headers["Allow"] = allowed
+        message = f"{request.method} is not allowed on {request.url.path}; it takes {allowed}"
+        return error_response(405, "method_not_allowed", message, headers)
+    if exc.status_code == 404:
+        return error_response(404, "not_found", f"no route {request.url.path}", headers)
+    return error_response(exc.status_code, "http_error", str(exc.detail), headers)
+
+
+def _methods_for(request: Request) -> str:
+    """Every method some route takes at this path (Starlette names the first route's only)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] == Match.PARTIAL:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 async def unexpected_error(request: Request, exc: Exception) -> Response:
@@ -86,5 +119,6 @@ HANDLERS = {
     ClientDisconnect: client_went_away,
     e.CorralError: corral_error,
     ValidationError: validation_error,
+    HTTPException: routing_error,
     Exception: unexpected_error,
 }

@@ -27,6 +27,16 @@ LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
 ARCHIVE_Q: dict[str, Any] = {"type": "string", "pattern": f"^{ARCHIVE_NAME.pattern}$"}
 
 
+PATH_TEXT = (
+    "`path` is relative to /workspace; one that leaves it (`..`, an absolute path elsewhere, "
+    "a link out) or holds a NUL gets 400 `path_refused`."
+)
+COMPAT_BROWSER_TEXT = (
+    "Every answer is 200, as in coderunner: a malformed body, a missing `url` or a page that "
+    'cannot be loaded gives `status` "error" with the reason in `error`.'
+)
+
+
 @dataclass(frozen=True)
 class Operation:
     method: str
@@ -43,6 +53,8 @@ class Operation:
     open: bool = False
     admin: bool = False
     error_model: type[BaseModel] = s.ErrorResponse
+    description: str = ""  # what the schemas cannot say
+    extra_errors: tuple[tuple[str, str], ...] = ()  # status and meaning, past ERRORS
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -89,6 +101,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "List workspace files",
         ok=(200, s.FileListing),
         query=(("path", PATH_Q, False), ("recursive", BOOL_Q, False)),
+        description=PATH_TEXT,
     ),
     Operation(
         "DELETE",
@@ -96,12 +109,14 @@ OPERATIONS: tuple[Operation, ...] = (
         "Delete a workspace file or directory",
         ok=(204, None),
         query=(("path", PATH_Q, True), ("recursive", BOOL_Q, False)),
+        description=PATH_TEXT,
     ),
     Operation(
         "GET",
         "/v1/sessions/{id}/files/content",
         "Download a workspace file",
         query=(("path", PATH_Q, True),),
+        description=PATH_TEXT,
         raw_response=True,
     ),
     Operation(
@@ -110,6 +125,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Upload a workspace file (raw body)",
         ok=(201, s.FileEntryModel),
         query=(("path", PATH_Q, True),),
+        description=PATH_TEXT,
         raw_body=True,
     ),
     Operation(
@@ -147,6 +163,8 @@ OPERATIONS: tuple[Operation, ...] = (
         query=(("name", ARCHIVE_Q, False),),
         raw_body=True,
         admin=True,
+        description="A body that is not a zip archive of one skill, or that fails the size, "
+        "count or path checks, gets 400 `invalid_input` naming the check.",
     ),
     Operation(
         "GET",
@@ -162,6 +180,9 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.LimitsChange,
         ok=(200, s.SessionLimitsModel),
         admin=True,
+        description="A value the schema admits can still be refused: a size string that "
+        "comes to less than the minimum (128 MiB of memory, 1 byte otherwise) gets 400 "
+        "`invalid_input`; memory below what the session uses now gets 409 `limit_refused`.",
     ),
     Operation(
         "PUT",
@@ -246,11 +267,13 @@ OPERATIONS: tuple[Operation, ...] = (
         "Load a web page in a sandboxed browser: title, final URL, text, links",
         body=s.FetchRequest,
         ok=(200, s.PageModel),
+        extra_errors=(("502", "The page could not be loaded; the message says why"),),
     ),
     Operation(
         "POST",
         "/v1/browser/interactions/navigate",
         "coderunner: load a page and return its visible text",
+        description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
         ok=(200, s.CompatNavigateResponse),
         error_model=s.CompatNavigateResponse,
@@ -259,6 +282,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "POST",
         "/v1/browser/interactions/content",
         "coderunner: load a page and return its readable content",
+        description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
         ok=(200, s.CompatContentResponse),
         error_model=s.CompatContentResponse,
@@ -291,11 +315,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "DELETE",
         "/v1/sessions/session",
-        "coderunner: stop a session (session_id in the query or the body)",
+        "coderunner: stop a session",
+        description="coderunner's clients may give `session_id` in a JSON body instead of "
+        "the query; the query wins when both are given.",
         body=s.CompatSessionRequest,
         body_required=False,
         ok=(200, s.CompatSession),
-        query=(("session_id", ID_Q, False),),
+        query=(("session_id", ID_Q, True),),
         error_model=s.CompatError,
     ),
 )
@@ -345,6 +371,8 @@ def document() -> dict[str, Any]:
 
 def _operation(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {"summary": op.summary, "operationId": _operation_id(op)}
+    if op.description:
+        spec["description"] = op.description
     parameters = [_path_param(name) for name in _path_names(op.path)]
     parameters += [
         {"name": name, "in": "query", "required": required, "schema": schema}
@@ -383,7 +411,7 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     route_error = _schema(op.error_model, models)
     guard_error = _schema(s.ErrorResponse, models)
     responses = {str(status): ok}
-    for code, text in ERRORS.items():
+    for code, text in (*ERRORS.items(), *op.extra_errors):
         if code in GUARD_CODES:
             schema = guard_error
         elif code in SHARED_CODES and route_error != guard_error:

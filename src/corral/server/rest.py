@@ -211,9 +211,7 @@ async def admin_get_limits(request: Request) -> Response:
 
 async def admin_set_limits(request: Request) -> Response:
     body = await parse_body(request, LimitsChange)
-    changes = body.model_dump(exclude_none=True)
-    if not changes:
-        raise InvalidInput("name at least one limit to change")
+    changes = body.model_dump(exclude_none=True)  # the model refuses nulls and {}
     report = await service_of(request).set_session_limits(request.path_params["id"], changes)
     return JSONResponse(report.to_dict())
 

@@ -6,22 +6,106 @@ routes accept.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+    model_validator,
+)
+
+from corral.browser.fetch import validate_url
+from corral.egress.rules import parse_entry
+from corral.errors import CorralError
+from corral.mounts import check_name
+from corral.sandbox.limits import MIN_MEMORY_BYTES, MIN_TASKS, MIN_WORKSPACE_FILES, parse_size
+from corral.server import patterns
 
 MAX_CODE_CHARS = 1_000_000
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+SESSION_ID_PATTERN = patterns.SESSION_ID
+TIMEOUT_TEXT = "Seconds; past the session's cap the cap applies (a timeout result says so)."
+
+
+def _whole(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer; so does the edge (3.5 and "3" stay refused)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# The bound comes before the validator, or the document shows it as an unknown keyword.
+PositiveInt = Annotated[StrictInt, Field(ge=1), BeforeValidator(_whole)]
+MemoryInt = Annotated[StrictInt, Field(ge=MIN_MEMORY_BYTES), BeforeValidator(_whole)]
+TaskCount = Annotated[StrictInt, Field(ge=MIN_TASKS), BeforeValidator(_whole)]
+FileCount = Annotated[StrictInt, Field(ge=MIN_WORKSPACE_FILES), BeforeValidator(_whole)]
+
+
+def _shaped(pattern: str, max_chars: int, parse: Callable[[str], object]) -> AfterValidator:
+    """The check of a string the document gives `pattern` for (`_shape` says so there). One
+    that does not match is refused with the reason the parser behind the edge gives for it,
+    which a model can act on."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if len(value) <= max_chars and compiled.fullmatch(value):
+            return value
+        try:
+            parse(value)
+        except CorralError as exc:
+            raise ValueError(str(exc)) from None
+        raise ValueError(f"{value[:80]!r} is not in the form the OpenAPI document gives")
+
+    return AfterValidator(check)
+
+
+def _shape(pattern: str, max_chars: int) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "pattern": pattern, "maxLength": max_chars})
+
+
+SIZE_CHARS = 40
+MOUNT_CHARS = 64
+SizeText = Annotated[
+    StrictStr, _shaped(patterns.SIZE, SIZE_CHARS, parse_size), _shape(patterns.SIZE, SIZE_CHARS)
+]
+MountName = Annotated[
+    StrictStr,
+    _shaped(patterns.MOUNT_NAME, MOUNT_CHARS, check_name),
+    _shape(patterns.MOUNT_NAME, MOUNT_CHARS),
+]
+HostEntry = Annotated[
+    StrictStr,
+    _shaped(patterns.HOST_ENTRY, patterns.HOST_ENTRY_MAX_CHARS, parse_entry),
+    _shape(patterns.HOST_ENTRY, patterns.HOST_ENTRY_MAX_CHARS),
+]
+FetchUrl = Annotated[
+    StrictStr,
+    _shaped(patterns.URL, patterns.URL_MAX_CHARS, validate_url),
+    _shape(patterns.URL, patterns.URL_MAX_CHARS),
+]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body taken as the document states it: no unknown field, no coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ExecuteRequest(Strict):
     code: str = Field(max_length=MAX_CODE_CHARS, description="The code to run, sent once.")
     language: Literal["python", "bash"] = "python"
-    timeout_s: float | None = Field(default=None, gt=0, description="At most the server's cap.")
+    timeout_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_TEXT
+    )
 
 
 class ExecuteAnyRequest(ExecuteRequest):
@@ -32,11 +116,19 @@ class ExecuteAnyRequest(ExecuteRequest):
 
 class CreateSessionRequest(Strict):
     id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
-    mounts: list[str] = Field(
+    mounts: list[MountName] = Field(
         default_factory=list,
         max_length=32,
+        json_schema_extra={"uniqueItems": True},
         description="Names of the operator's project mounts, shown at /workspace/NAME.",
     )
+
+    @model_validator(mode="after")
+    def _each_mount_once(self) -> CreateSessionRequest:
+        repeated = sorted({name for name in self.mounts if self.mounts.count(name) > 1})
+        if repeated:
+            raise ValueError(f"mount {repeated[0]!r} is named twice")
+        return self
 
 
 class ErrorBody(BaseModel):
@@ -130,13 +222,18 @@ class CompatExecuteRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="ignore",
-        json_schema_extra={"anyOf": [{"required": ["code"]}, {"required": ["command"]}]},
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"type": "string", "minLength": 1}}}
+                for name in ("code", "command")
+            ]
+        },
     )
     code: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
     command: str | None = Field(default=None, max_length=MAX_CODE_CHARS)
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     language: Literal["python", "bash"] = "python"
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, description=TIMEOUT_TEXT)
 
 
 class CompatExecuteResponse(BaseModel):
@@ -208,9 +305,16 @@ class CompatContentResponse(BaseModel):
 
 
 class FetchRequest(Strict):
-    url: str = Field(max_length=8192, description="An http or https URL.")
+    url: FetchUrl = Field(
+        description="An http or https URL; an international host name in its xn-- form."
+    )
     screenshot: bool = Field(default=False, description="Also return a PNG of the viewport.")
-    timeout_s: float | None = Field(default=None, gt=0, description="At most the server's cap.")
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds; past the server's cap the cap applies.",
+    )
 
 
 class PageModel(BaseModel):
@@ -266,18 +370,41 @@ class LimitsValues(BaseModel):
     )
 
 
-class LimitsChange(Strict):
-    """Only the limits to change; sizes as bytes or strings such as "1G"."""
+def _without_nulls(schema: dict[str, Any]) -> None:
+    """A limit is named with a value or left out: the document offers no null."""
+    schema["minProperties"] = 1
+    for prop in schema["properties"].values():
+        options = [o for o in prop.pop("anyOf", []) if o.get("type") != "null"]
+        if options:
+            prop["anyOf"] = options
+        prop.pop("default", None)
 
-    memory_bytes: StrictInt | StrictStr | None = None
+
+class LimitsChange(Strict):
+    """Only the limits to change, at least one; sizes as bytes or strings such as "1G"."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_without_nulls)
+
+    memory_bytes: MemoryInt | SizeText | None = None
     cpus: float | None = Field(default=None, gt=0, le=1024, allow_inf_nan=False)
-    tasks: StrictInt | None = Field(default=None, ge=8)
-    workspace_bytes: StrictInt | StrictStr | None = None
-    tmp_bytes: StrictInt | StrictStr | None = None
+    tasks: TaskCount | None = None
+    workspace_bytes: PositiveInt | SizeText | None = None
+    tmp_bytes: PositiveInt | SizeText | None = None
     exec_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    output_bytes: StrictInt | StrictStr | None = None
-    workspace_files: StrictInt | None = Field(default=None, ge=100)
+    output_bytes: PositiveInt | SizeText | None = None
+    workspace_files: FileCount | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_with_values(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            empty = sorted(name for name, value in data.items() if value is None)
+            if empty:
+                raise ValueError(f"give a value for {', '.join(empty)}, or leave it out")
+            if not data:
+                raise ValueError("name at least one limit to change")
+        return data
 
 
 class LimitsUsage(BaseModel):
@@ -315,15 +442,15 @@ class BridgeModel(BaseModel):
 
 class NetworkPolicyRequest(Strict):
     mode: Literal["none", "allowlist", "public"]
-    allow: list[str] = Field(default_factory=list, max_length=500)
+    allow: list[HostEntry] = Field(default_factory=list, max_length=500)
 
 
 class NetworkHostsRequest(Strict):
-    hosts: list[str] = Field(min_length=1, max_length=100)
+    hosts: list[HostEntry] = Field(min_length=1, max_length=100)
 
 
 class NetworkAccessRequest(Strict):
-    hosts: list[str] = Field(min_length=1, max_length=20)
+    hosts: list[HostEntry] = Field(min_length=1, max_length=20)
     reason: str = Field(default="", max_length=2000)
 
 
