@@ -8,6 +8,7 @@
     │                           on a walk; callers turn it into one of their own errors
     ├── NotFound                a named thing does not exist
     │   ├── SessionNotFound
+    │   ├── MountNotFound       a session asked for a project mount nobody configured
     │   └── FileNotFoundInWorkspace
     ├── Conflict                the request contradicts current state
     │   ├── SessionExists

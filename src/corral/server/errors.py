@@ -71,7 +71,7 @@ async def validation_error(request: Request, exc: Exception) -> Response:
 
 
 def _problem(err: Any) -> str:
-    """'mounts.0: String should match pattern ... (got '/etc')': where, what, and the value."""
+    """'tasks: Input should be greater than or equal to 8 (got 4)': where, what, the value."""
     where = ".".join(str(part) for part in err["loc"]) or "body"
     given = err.get("input")
     shown = f" (got {given!r:.80})" if isinstance(given, str | int | float) and err["loc"] else ""

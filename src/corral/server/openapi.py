@@ -182,7 +182,7 @@ OPERATIONS: tuple[Operation, ...] = (
         admin=True,
         description="A value the schema admits can still be refused: a size string that "
         "comes to less than the minimum (128 MiB of memory, 1 byte otherwise) gets 400 "
-        "`invalid_input`; memory below what the session uses now gets 409 `limit_refused`.",
+        "`invalid_input`; memory below what the session uses now gets 409 `conflict`.",
     ),
     Operation(
         "PUT",
@@ -267,7 +267,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "Load a web page in a sandboxed browser: title, final URL, text, links",
         body=s.FetchRequest,
         ok=(200, s.PageModel),
-        extra_errors=(("502", "The page could not be loaded; the message says why"),),
+        extra_errors=(
+            ("502", "The page could not be loaded; the message says why"),
+            ("504", "The page did not load within the timeout"),
+        ),
     ),
     Operation(
         "POST",
