@@ -47,6 +47,14 @@ class StandIn:
         task.cancel()
 
 
+def make(call: StandIn, keep_bytes: int = 1_000_000, **more: Any) -> Execution:
+    return Execution(call.run, call.cancel, session_id="s", keep_bytes=keep_bytes, **more)
+
+
+async def texts(execution: Execution, after: int = 0) -> list[tuple[int, str]]:
+    return [(n, event.text) async for n, event in execution.events(after)]
+
+
 def test_jupyter_messages_become_corrals_events() -> None:
     assert event_of("stream", {"name": "stdout", "text": "a"}) == Event("stdout", text="a")
     assert event_of("stream", {"name": "stderr", "text": "b"}) == Event("stderr", text="b")
@@ -63,38 +71,55 @@ def test_jupyter_messages_become_corrals_events() -> None:
 
 async def test_events_arrive_in_order_and_end_with_the_execution() -> None:
     call = StandIn([("stream", {"name": "stdout", "text": "1"}), ("display_data", {"data": {}})])
-    execution = Execution(call.run, call.cancel, keep_events=True)
+    execution = make(call)
     call.release.set()
-    kinds = [event.kind async for event in execution.events()]
-    assert kinds == ["stdout", "display"]
+    kinds = [(n, event.kind) async for n, event in execution.events()]
+    assert kinds == [(1, "stdout"), (2, "display")]
     assert (await execution.result()).stdout == "done\n"
 
 
-async def test_without_keep_events_no_hook_is_given_and_nothing_is_kept() -> None:
+async def test_a_reader_that_leaves_misses_nothing_when_it_comes_back() -> None:
     call = StandIn([("stream", {"name": "stdout", "text": "1"})])
-    execution = Execution(call.run, call.cancel, keep_events=False)
-    call.release.set()
-    assert [event async for event in execution.events()] == []
-    await execution.result()
-    assert call.hook is None
-
-
-async def test_a_reader_that_leaves_stops_the_keeping_not_the_execution() -> None:
-    call = StandIn([("stream", {"name": "stdout", "text": "1"})])
-    execution = Execution(call.run, call.cancel, keep_events=True)
+    execution = make(call)
+    assert execution.state == "queued" and execution.id.startswith("ex-")
     events = execution.events()
-    assert (await anext(events)).text == "1"
-    await events.aclose()  # the reader went away
+    assert (await anext(events))[1].text == "1"
+    await events.aclose()  # the reader went away; the execution goes on
     assert call.hook is not None
     await call.hook("stream", {"name": "stdout", "text": "unread"})
+    await call.hook("stream", {"name": "stdout", "text": "later"})
+    # Another reader, from where the first left: the rest in order, nothing twice.
+    resumed = execution.events(after=1)
+    assert (await anext(resumed)) == (2, Event("stdout", text="unread"))
     call.release.set()
+    assert await texts(execution, after=1) == [(2, "unread"), (3, "later")]
+    assert [item async for item in resumed] == [(3, Event("stdout", text="later"))]
+    assert execution.state == "done" and execution.ended_at is not None
     assert (await execution.result()).stdout == "done\n"
-    assert [event async for event in execution.events()] == []  # nothing kept for nobody
+    assert execution.outcome() is not None and execution.failure() is None
+    assert await texts(execution) == [(1, "1"), (2, "unread"), (3, "later")]
+
+
+async def test_the_kept_events_stop_at_their_bound_and_say_so() -> None:
+    call = StandIn([("stream", {"name": "stdout", "text": "x" * 6}) for _ in range(3)])
+    execution = make(call, keep_bytes=15)
+    call.release.set()
+    await execution.result()
+    assert await texts(execution) == [(1, "xxxxxx"), (2, "xxxxxx")]
+    assert execution.log.cut
+
+
+async def test_a_call_refused_before_it_ran_has_a_failure_and_no_outcome() -> None:
+    call = StandIn([], fail=True)
+    execution = make(call)
+    call.release.set()
+    assert await execution.wait(10)
+    assert (execution.outcome(), execution.failure()) == (None, "no session named 'gone'")
 
 
 async def test_a_cancelled_wait_for_the_result_leaves_the_execution_running() -> None:
     call = StandIn([])
-    execution = Execution(call.run, call.cancel, keep_events=False)
+    execution = make(call)
     waiter = asyncio.create_task(execution.result())
     await call.sent.wait()
     waiter.cancel()
@@ -108,7 +133,7 @@ async def test_a_cancelled_wait_for_the_result_leaves_the_execution_running() ->
 
 async def test_cancel_goes_to_the_canceller_once_and_not_after_the_end() -> None:
     call = StandIn([])
-    execution = Execution(call.run, call.cancel, keep_events=False)
+    execution = make(call)
     await call.sent.wait()
     await execution.cancel()
     assert len(call.cancelled_with) == 1
@@ -123,7 +148,7 @@ async def test_a_failure_nobody_awaited_is_not_logged_as_unhandled(
 ) -> None:
     ended: list[Execution] = []
     call = StandIn([], fail=True)
-    execution = Execution(call.run, call.cancel, keep_events=False, on_end=ended.append)
+    execution = make(call, on_end=ended.append)
     call.release.set()
     assert await execution.wait(10)
     assert ended == [execution]
@@ -135,9 +160,9 @@ async def test_a_failure_nobody_awaited_is_not_logged_as_unhandled(
     assert "never retrieved" not in caplog.text
 
 
-async def test_recent_text_takes_the_text_since_the_last_look_and_leaves_the_end_visible() -> None:
+async def test_recent_text_takes_the_text_since_the_last_look_and_keeps_the_events() -> None:
     # The polling read of MCP's progress notes: text since the last look, other events
-    # passed over, at most the last max_chars, and the end still seen by events().
+    # passed over, at most the last max_chars; events() still sees every event.
     call = StandIn(
         [
             ("stream", {"name": "stdout", "text": "one "}),
@@ -145,7 +170,7 @@ async def test_recent_text_takes_the_text_since_the_last_look_and_leaves_the_end
             ("stream", {"name": "stderr", "text": "two"}),
         ]
     )
-    execution = Execution(call.run, call.cancel, keep_events=True)
+    execution = make(call)
     await call.sent.wait()
     assert execution.recent_text(100) == "one two"
     assert execution.recent_text(100) == ""
@@ -154,4 +179,4 @@ async def test_recent_text_takes_the_text_since_the_last_look_and_leaves_the_end
     call.release.set()
     await execution.result()
     assert execution.recent_text(3) == "ree"
-    assert [event async for event in execution.events()] == []
+    assert [n async for n, _ in execution.events()] == [1, 2, 3, 4]  # all still kept

@@ -44,6 +44,8 @@ class Settings:
     interrupt_grace_s: float = 5.0
     kernel_start_timeout_s: float = 60.0
     max_output_bytes: int = 1_000_000
+    execution_keep_s: float = 600.0  # how long an ended execution can be asked for by id
+    execution_keep_count: int = 200  # and at most this many ended ones
     tmp_size_bytes: int = 1024 * MIB
     home_size_bytes: int = 128 * MIB
     memory_bytes: int = 2048 * MIB  # per session, its tmpfs pages included; no swap

@@ -9,6 +9,7 @@
     ├── NotFound                a named thing does not exist
     │   ├── SessionNotFound
     │   ├── MountNotFound       a session asked for a project mount nobody configured
+    │   ├── ExecutionNotFound   no execution by that id is kept
     │   └── FileNotFoundInWorkspace
     ├── Conflict                the request contradicts current state
     │   ├── SessionExists
@@ -61,6 +62,10 @@ class NotFound(CorralError):
 
 class MountNotFound(NotFound):
     """A session asked for a project mount the operator did not configure."""
+
+
+class ExecutionNotFound(NotFound):
+    """No execution by that id is kept (never made, or ended too long ago)."""
 
 
 class SessionNotFound(NotFound):

@@ -12,7 +12,10 @@ What happens when the caller goes away is decided here, once:
   ends with its result (status `interrupted`), audited like any other.
 - A caller that merely leaves (a closed connection, a cancelled wait on `result()`, a
   stream nobody reads any more) changes nothing: the code was sent, so it runs to its end
-  and its result is audited. Events nobody reads are not kept.
+  and its result is audited. Its events are kept in order, numbered from 1 (up to a byte
+  bound), and `corral.executions` keeps the handle by its `id` for a while after the end,
+  so a client that lost its connection comes back for the state, the result and the
+  events after the last number it saw.
 - Nothing is left dangling: the service holds every execution until it ends and waits for
   them when it closes; the run's outcome is always retrieved, so a failure nobody awaited
   is never logged as an unhandled exception.
@@ -21,6 +24,9 @@ What happens when the caller goes away is decided here, once:
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +35,7 @@ from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult, strip_ansi
 
 EventKind = Literal["stdout", "stderr", "display", "error"]
+State = Literal["queued", "running", "done"]
 Run = Callable[[OutputHook | None], Coroutine[Any, Any, ExecutionResult]]
 Canceller = Callable[[asyncio.Future[ExecutionResult]], Awaitable[None]]
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
@@ -71,12 +78,68 @@ def event_of(msg_type: str, content: dict[str, Any]) -> Event | None:
     return None
 
 
+class EventLog:
+    """An execution's events in order, numbered 1, 2, ...; any number of readers follow it.
+
+    It keeps at most `max_bytes` of them (text, or a display's JSON); past that it keeps
+    none (`cut`), as the result's output is cut too. `close()` ends every reader.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self._events: list[Event] = []
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self.cut = False
+        self.closed = False
+        self._changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def add(self, event: Event) -> None:
+        size = (
+            len(event.text) + len(event.evalue) + (len(json.dumps(event.data)) if event.data else 0)
+        )
+        if self.cut or self._bytes + size > self._max_bytes:
+            self.cut = True
+            return
+        self._bytes += size
+        self._events.append(event)
+        self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def since(self, after: int) -> list[tuple[int, Event]]:
+        """The events numbered after `after`, with their numbers, as kept now."""
+        start = max(after, 0)
+        return list(enumerate(self._events[start:], start + 1))
+
+    async def follow(self, after: int = 0) -> AsyncIterator[tuple[int, Event]]:
+        """The events after number `after`, then each as it comes, until the log closes."""
+        while True:
+            changed = self._changed
+            fresh = self.since(after)
+            for number, event in fresh:
+                yield number, event
+                after = number
+            if self.closed and not fresh:
+                return
+            if not fresh:
+                await changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
 class Execution:
     """The handle of one execution; made by `Service.start_execution`, inside the loop.
 
-    `run` is the whole call (queue, kernel, audit) given the output hook or None;
-    `canceller` interrupts or drops it; `on_end` is told when it has ended, however. With
-    `keep_events` False nothing is kept for `events()`, which then only waits for the end.
+    `run` is the whole call (queue, kernel, audit) given the output hook; `canceller`
+    interrupts or drops it; `on_end` is told when it has ended, however. Its events are
+    kept in `log`, up to `keep_bytes`, for every reader of `events()`.
     """
 
     def __init__(
@@ -84,45 +147,63 @@ class Execution:
         run: Run,
         canceller: Canceller,
         *,
-        keep_events: bool,
+        session_id: str,
+        keep_bytes: int,
         on_end: Callable[[Execution], None] = lambda _: None,
     ) -> None:
-        self._events: asyncio.Queue[Event | None] = asyncio.Queue()
-        self._reading = keep_events
+        self.id = f"ex-{secrets.token_hex(8)}"
+        self.session_id = session_id
+        self.created_at = time.time()
+        self.ended_at: float | None = None
+        self.running = False  # set when its code is sent to the kernel
+        self.log = EventLog(keep_bytes)
+        self._recent = 0  # the last event `recent_text` passed
         self._canceller = canceller
         self._on_end = on_end
-        self._task = asyncio.create_task(run(self._note if keep_events else None))
+        self._task = asyncio.create_task(run(self._note))
         self._task.add_done_callback(self._ended)
 
     @property
     def done(self) -> bool:
         return self._task.done()
 
-    async def events(self) -> AsyncIterator[Event]:
-        """The output events as they arrive, ending when the execution ends; one reader.
+    @property
+    def state(self) -> State:
+        if self._task.done():
+            return "done"
+        return "running" if self.running else "queued"
 
-        A reader that stops early (it was cancelled or closed the iterator) stops the
-        keeping of events; the execution itself goes on.
-        """
-        try:
-            while (event := await self._events.get()) is not None:
-                yield event
-        finally:
-            self._reading = False
+    async def events(self, after: int = 0) -> AsyncIterator[tuple[int, Event]]:
+        """The output events after number `after`, with their numbers, as they arrive;
+        ending when the execution ends. Readers may come and go; the execution goes on."""
+        async for numbered in self.log.follow(after):
+            yield numbered
 
     def recent_text(self, max_chars: int) -> str:
         """The stdout and stderr text that arrived since the last call, at most its last
         `max_chars`, without waiting: for a reader that looks now and then (MCP's progress
         notes) instead of following `events()`. Other events are passed over."""
-        parts: list[str] = []
-        while not self._events.empty():
-            event = self._events.get_nowait()
-            if event is None:
-                self._events.put_nowait(None)  # the end stays visible to `events()`
-                break
-            if event.kind in ("stdout", "stderr"):
-                parts.append(event.text)
-        return "".join(parts)[-max_chars:]
+        fresh = self.log.since(self._recent)
+        if fresh:
+            self._recent = fresh[-1][0]
+        text = "".join(e.text for _, e in fresh if e.kind in ("stdout", "stderr"))
+        return text[-max_chars:]
+
+    def outcome(self) -> ExecutionResult | None:
+        """The result once it ended with one; None while running or for a call that was
+        refused or dropped before its code ran."""
+        if not self._task.done() or self._task.cancelled() or self._task.exception():
+            return None
+        return self._task.result()
+
+    def failure(self) -> str | None:
+        """Why an ended call has no result (refused, or dropped from the queue), else None."""
+        if not self._task.done():
+            return None
+        if self._task.cancelled():
+            return "cancelled before its code ran"
+        exc = self._task.exception()
+        return str(exc) if exc is not None else None
 
     async def result(self) -> ExecutionResult:
         """The result once the code ends; raises what the call raised before running
@@ -148,11 +229,12 @@ class Execution:
         self._task.cancel()
 
     async def _note(self, msg_type: str, content: Any) -> None:
-        if self._reading and (event := event_of(msg_type, content)) is not None:
-            self._events.put_nowait(event)
+        if (event := event_of(msg_type, content)) is not None:
+            self.log.add(event)
 
     def _ended(self, task: asyncio.Future[ExecutionResult]) -> None:
         if not task.cancelled():
             task.exception()  # retrieved: whoever awaits result() sees it, nobody else
-        self._events.put_nowait(None)
+        self.ended_at = time.time()
+        self.log.close()
         self._on_end(self)

@@ -8,9 +8,10 @@ edges map them to their own forms.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,7 @@ from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision, Policy
 from corral.errors import CorralError, SessionNotFound, StateUnavailable, StorageFull
 from corral.execution import Execution
+from corral.executions import ExecutionRegistry
 from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
@@ -39,6 +41,7 @@ from corral.kernels.sessions import (
 )
 from corral.owner import StateLock
 from corral.sandbox.limits import format_size
+from corral.session_events import SessionEvent, SessionEvents
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
 from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
@@ -72,6 +75,10 @@ class Service:
         self.browser = Browser(settings, self.sessions.factory, self.network)
         self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
         self._executions: set[Execution] = set()
+        self.session_events = SessionEvents()
+        self.executions = ExecutionRegistry(
+            settings.execution_keep_s, settings.execution_keep_count
+        )
 
     async def __aenter__(self) -> Service:
         self.owner.acquire()  # raises StateOwned before anything of the owner's is touched
@@ -114,7 +121,6 @@ class Service:
         language: str = "python",
         timeout_s: float | None = None,
         actor: str = "agent",
-        keep_events: bool = False,
     ) -> Execution:
         """Start running code in a session (the default one when `session_id` is None).
 
@@ -142,6 +148,11 @@ class Service:
                         at=result.started_at,
                     )
                 )
+                execution.running = True  # journaled: the code is sent now
+                execution.session_id = result.session_id
+                self.session_events.publish(
+                    result.session_id, "busy", execution=execution.id, language=language
+                )
 
             result = await self.sessions.execute(
                 session_id,
@@ -159,13 +170,35 @@ class Service:
                     duration_s=result.duration_s,
                     output_bytes=result.output_bytes,
                 )
+            if begun:
+                self._publish_end(execution.id, result)
             return result
 
         execution = Execution(
-            run, self.sessions.cancel, keep_events=keep_events, on_end=self._executions.discard
+            run,
+            self.sessions.cancel,
+            session_id=session_id or DEFAULT_SESSION,
+            keep_bytes=self.settings.max_output_bytes,
+            on_end=self._execution_ended,
         )
         self._executions.add(execution)
+        self.executions.add(execution)
         return execution
+
+    def _publish_end(self, execution_id: str, result: ExecutionResult) -> None:
+        """What a watcher of the session learns when code ends: idle, and what struck."""
+        publish = functools.partial(self.session_events.publish, result.session_id)
+        if result.status == "died":
+            publish("kernel_died", execution=execution_id)
+        if result.kernel_restarted:
+            publish("kernel_restarted", execution=execution_id)
+        if result.limit is not None:
+            publish("limit", execution=execution_id, limit=result.limit, message=result.message)
+        publish("idle", execution=execution_id, status=result.status)
+
+    def _execution_ended(self, execution: Execution) -> None:
+        self._executions.discard(execution)
+        self.executions.ended(execution)
 
     async def execute(
         self,
@@ -183,8 +216,10 @@ class Service:
         return await execution.result()
 
     def begin_shutdown(self) -> None:
-        """The server is stopping: interrupt running calls, refuse queued and new ones."""
+        """The server is stopping: interrupt running calls, refuse queued and new ones, and
+        end the session event streams (so that no connection holds the shutdown up)."""
         self.sessions.begin_shutdown()
+        self.session_events.close()
 
     def _check_execution(
         self, session_id: str | None, language: str, timeout_s: float | None
@@ -265,6 +300,15 @@ class Service:
 
     def _audit_session(self, session_id: str, event: str, actor: str) -> None:
         self._audit("record_session", session=session_id, event=event, actor=actor)
+        self.session_events.publish(session_id, event, actor=actor)
+
+    def follow_session(
+        self, session_id: str, after: int = 0, idle_s: float | None = None
+    ) -> AsyncIterator[SessionEvent | None]:
+        """The session's status events after number `after` (`corral.session_events`);
+        raises `SessionNotFound` now for a session that does not exist."""
+        self._known(session_id)
+        return self.session_events.follow(session_id, after, idle_s)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -313,6 +357,7 @@ class Service:
         return report
 
     def _audit_event(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
+        self.session_events.publish(session_id, kind, action=action, detail=detail)
         actor = "agent" if kind == "bridge" else "system"
         self._audit(
             "record", kind=kind, actor=actor, action=action, session=session_id, detail=detail

@@ -304,8 +304,8 @@ async def test_a_late_cancel_interrupt_never_lands_in_the_next_call(service: Ser
     await service.create_session("late-cancel")
     assert (await service.execute(SLOW_INTERRUPTS, session_id="late-cancel")).status == "ok"
     code = "import time\nprint('started', flush=True)\ntime.sleep(0.3)"
-    execution = service.start_execution(code, session_id="late-cancel", keep_events=True)
-    async for event in execution.events():
+    execution = service.start_execution(code, session_id="late-cancel")
+    async for _, event in execution.events():
         if event.text == "started\n":
             break
     await execution.cancel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -59,8 +59,13 @@ def test_execute_streams_server_sent_events(server: RunningServer, sid: str) -> 
     # The kernel may split or join its output: the text and the order are the contract,
     # never the number of events.
     assert joined(events, "stdout") == "0\n1\n2\n"
+    assert events[0] == (
+        "execution",
+        {"id": response.headers["x-corral-execution-id"], "session_id": sid},
+    )
     assert [name for name, _ in events][-1] == "result"
-    assert {name for name, _ in events[:-1]} == {"stdout"}
+    assert {name for name, _ in events[1:-1]} == {"stdout"}
+    assert [data["seq"] for _, data in events[1:-1]] == list(range(1, len(events) - 1))
     assert events[-1][1]["stdout"] == "0\n1\n2\n"
 
 
@@ -75,7 +80,8 @@ def test_execute_streams_ndjson(server: RunningServer) -> None:
         ) as response,
     ):
         lines = [json.loads(line) for line in response.iter_lines() if line]
-    assert distinct_in_order([line["type"] for line in lines]) == ["stdout", "error", "result"]
+    kinds = distinct_in_order([line["type"] for line in lines])
+    assert kinds == ["execution", "stdout", "error", "result"]
     assert "".join(line["text"] for line in lines if line["type"] == "stdout") == "1\n"
     assert lines[-1]["status"] == "error"
 
@@ -295,17 +301,20 @@ def test_openapi_documents_exactly_the_routes(server: RunningServer) -> None:
     assert served == documented
 
 
-def sse_events(lines: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
-    """The (event, data) pairs of a server-sent event stream."""
-    events: list[tuple[str, dict[str, Any]]] = []
+def iter_sse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The (event, data) pairs of a server-sent event stream, as they arrive."""
     name = None
     for line in lines:
         if line.startswith("event: "):
             name = line[7:]
         elif line.startswith("data: ") and name is not None:
-            events.append((name, json.loads(line[6:])))
+            yield name, json.loads(line[6:])
             name = None
-    return events
+
+
+def sse_events(lines: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The (event, data) pairs of a whole server-sent event stream."""
+    return list(iter_sse_events(lines))
 
 
 def joined(events: list[tuple[str, dict[str, Any]]], name: str) -> str:

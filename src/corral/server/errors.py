@@ -27,6 +27,7 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.InvalidInput, 400, "invalid_input"),
     (e.SessionNotFound, 404, "session_not_found"),
     (e.MountNotFound, 404, "mount_not_found"),
+    (e.ExecutionNotFound, 404, "execution_not_found"),
     (e.NotFound, 404, "not_found"),
     (e.Conflict, 409, "conflict"),
     (e.TooLarge, 413, "too_large"),

@@ -135,9 +135,7 @@ class _Tools:
         self, code: str, session_id: str | None, language: str, ctx: Context
     ) -> CallToolResult:
         try:
-            execution = self.service.start_execution(
-                code, session_id=session_id, language=language, keep_events=True
-            )
+            execution = self.service.start_execution(code, session_id=session_id, language=language)
             result = await _with_progress(execution, ctx, self.service.settings.progress_interval_s)
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.

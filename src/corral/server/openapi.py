@@ -16,6 +16,7 @@ from corral.server import schemas as s
 from corral.server.admin import ARCHIVE_NAME, SkillAdded
 
 JSON = "application/json"
+STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
 PATH_Q: dict[str, Any] = {"type": "string", "minLength": 1}
 BOOL_Q: dict[str, Any] = {"type": "boolean"}
 ID_Q: dict[str, Any] = {"type": "string", "pattern": s.SESSION_ID_PATTERN}
@@ -25,6 +26,21 @@ ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
 STATUS_Q: dict[str, Any] = {"type": "string", "enum": ["pending", "approved", "rejected"]}
 LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
 ARCHIVE_Q: dict[str, Any] = {"type": "string", "pattern": f"^{ARCHIVE_NAME.pattern}$"}
+EXECUTION_ID_P: dict[str, Any] = {"type": "string", "pattern": "^ex-[0-9a-f]{16}$"}
+AFTER_Q: dict[str, Any] = {"type": "integer", "minimum": 0}
+EXECUTION_HEADER: dict[str, Any] = {
+    "X-Corral-Execution-Id": {
+        "description": "The execution's id, for GET /v1/executions/{eid}",
+        "required": True,
+        "schema": EXECUTION_ID_P,
+    }
+}
+STREAM_TEXT = (
+    "Accept: text/event-stream or application/x-ndjson streams an `execution` event (its id), "
+    "then stdout, stderr, display and error events, each with its number `seq` (the SSE "
+    "`id`), then the result. The code runs on if the client goes away; "
+    "GET /v1/executions/{eid}/events?after=SEQ resumes the stream."
+)
 
 
 PATH_TEXT = (
@@ -55,6 +71,8 @@ class Operation:
     error_model: type[BaseModel] = s.ErrorResponse
     description: str = ""  # what the schemas cannot say
     extra_errors: tuple[tuple[str, str], ...] = ()  # status and meaning, past ERRORS
+    headers: dict[str, Any] = field(default_factory=dict)  # of the success response
+    stream: bool = False  # the success response is an event stream
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -83,17 +101,54 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "POST",
         "/v1/sessions/{id}/execute",
-        "Run code; Accept text/event-stream or application/x-ndjson streams stdout, stderr, "
-        "display and error events, then the result",
+        "Run code in a session",
+        description=STREAM_TEXT,
         body=s.ExecuteRequest,
         ok=(200, s.ExecutionResultModel),
+        headers=EXECUTION_HEADER,
     ),
     Operation(
         "POST",
         "/v1/execute",
         "Run code in a named or the default session",
+        description=STREAM_TEXT,
         body=s.ExecuteAnyRequest,
         ok=(200, s.ExecutionResultModel),
+        headers=EXECUTION_HEADER,
+    ),
+    Operation(
+        "GET",
+        "/v1/sessions/{id}/events",
+        "A session's status events after number `after` (or Last-Event-ID), then each as "
+        "it happens: created, busy, idle, kernel_died, kernel_restarted, limit, restarted, "
+        "stopped, deleted; SSE unless Accept asks for application/x-ndjson",
+        description="Each event has `seq` (the SSE `id`), `kind`, `at` and its details. The "
+        "newest 500 are kept per session; a client further behind first gets a `missed` "
+        "event with their count. The stream ends when the session is deleted or the server "
+        "stops; an idle one carries a keep-alive every 15 s.",
+        query=(("after", AFTER_Q, False),),
+        stream=True,
+    ),
+    Operation(
+        "GET",
+        "/v1/executions",
+        "The executions kept by id (running, and ended ones for a while), newest first",
+        ok=(200, s.ExecutionList),
+        query=(("session_id", ID_Q, False),),
+    ),
+    Operation(
+        "GET",
+        "/v1/executions/{eid}",
+        "An execution's state and, once it ended, its result",
+        ok=(200, s.ExecutionModel),
+    ),
+    Operation(
+        "GET",
+        "/v1/executions/{eid}/events",
+        "An execution's output events after number `after` (or Last-Event-ID), as they "
+        "happen, then its result; SSE unless Accept asks for application/x-ndjson",
+        query=(("after", AFTER_Q, False),),
+        stream=True,
     ),
     Operation(
         "GET",
@@ -408,11 +463,15 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
         ok["content"] = {
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
         }
+    elif op.stream:
+        ok["content"] = {media: {"schema": {"type": "string"}} for media in STREAM_MEDIA}
     elif status != 204:
         schema = _schema(model, models) if model is not None else {"type": "object"}
         ok["content"] = {JSON: {"schema": schema}}
     route_error = _schema(op.error_model, models)
     guard_error = _schema(s.ErrorResponse, models)
+    if op.headers:
+        ok["headers"] = op.headers
     responses = {str(status): ok}
     for code, text in (*ERRORS.items(), *op.extra_errors):
         if code in GUARD_CODES:
@@ -440,7 +499,9 @@ def _path_names(path: str) -> list[str]:
 
 
 def _path_param(name: str) -> dict[str, Any]:
-    schema = ID_NUMBER_Q if name == "rid" else {"type": "string", "pattern": s.SESSION_ID_PATTERN}
+    schema = {"rid": ID_NUMBER_Q, "eid": EXECUTION_ID_P}.get(
+        name, {"type": "string", "pattern": s.SESSION_ID_PATTERN}
+    )
     return {
         "name": name,
         "in": "path",

@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from corral.errors import InvalidInput
 from corral.execution import Execution
+from corral.kernels.session import validate_session_id
 from corral.server.auth import role_of
 from corral.server.schemas import (
     BridgeRequest,
@@ -32,6 +33,9 @@ from corral.server.schemas import (
 from corral.service import Service
 
 STREAM_TYPES = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
+MEDIA = {mode: media for media, mode in STREAM_TYPES.items()}
+EXECUTION_HEADER = "X-Corral-Execution-Id"
+KEEPALIVE_S = 15.0
 
 
 def service_of(request: Request) -> Service:
@@ -110,29 +114,43 @@ async def _execute(request: Request, session_id: str | None, body: ExecuteReques
     """The result as JSON, or streamed as SSE/NDJSON events when the client accepts that.
 
     The request is checked before anything starts, so a refusal is a plain status; once
-    running, a client that leaves does not stop the code (see `corral.execution`).
+    running, a client that leaves does not stop the code (see `corral.execution`). The
+    execution's id is in the `X-Corral-Execution-Id` header and a stream's first event, for
+    a client that must come back to it (`GET /v1/executions/{id}`).
     """
-    mode = STREAM_TYPES.get(request.headers.get("accept", "").split(",")[0].strip())
+    mode = _stream_mode(request)
     execution = service_of(request).start_execution(
         body.code,
         session_id=session_id,
         language=body.language,
         timeout_s=body.timeout_s,
         actor=role_of(request.scope).value,
-        keep_events=mode is not None,
     )
     if mode is None:
-        return JSONResponse((await execution.result()).to_dict())
-    media = "text/event-stream" if mode == "sse" else "application/x-ndjson"
-    return StreamingResponse(
-        _stream(execution, mode), media_type=media, headers={"Cache-Control": "no-store"}
-    )
+        result = (await execution.result()).to_dict()
+        return JSONResponse(result, headers={EXECUTION_HEADER: execution.id})
+    return _streamed(execution, mode, after=0, announce=True)
 
 
-async def _stream(execution: Execution, mode: str) -> AsyncIterator[str]:
-    """Output events as they happen, then the whole result as the last event."""
-    async for event in execution.events():
-        yield _event(mode, event.kind, event.to_dict())
+def _stream_mode(request: Request) -> str | None:
+    return STREAM_TYPES.get(request.headers.get("accept", "").split(",")[0].strip())
+
+
+def _streamed(execution: Execution, mode: str, *, after: int, announce: bool) -> Response:
+    headers = {"Cache-Control": "no-store", EXECUTION_HEADER: execution.id}
+    body = _stream(execution, mode, after=after, announce=announce)
+    return StreamingResponse(body, media_type=MEDIA[mode], headers=headers)
+
+
+async def _stream(
+    execution: Execution, mode: str, *, after: int, announce: bool
+) -> AsyncIterator[str]:
+    """The execution's id first (when `announce`), then its output events after number
+    `after` as they happen, each with its number, then the whole result as the last event."""
+    if announce:
+        yield _event(mode, "execution", {"id": execution.id, "session_id": execution.session_id})
+    async for number, event in execution.events(after):
+        yield _event(mode, event.kind, {"seq": number, **event.to_dict()}, number)
     try:
         result = await execution.result()
     except Exception as exc:  # reported in the stream: headers are already sent
@@ -141,10 +159,82 @@ async def _stream(execution: Execution, mode: str) -> AsyncIterator[str]:
     yield _event(mode, "result", result.to_dict())
 
 
-def _event(mode: str, name: str, data: dict[str, Any]) -> str:
+def _event(mode: str, name: str, data: dict[str, Any], number: int | None = None) -> str:
     if mode == "sse":
-        return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+        numbered = f"id: {number}\n" if number is not None else ""
+        return f"{numbered}event: {name}\ndata: {json.dumps(data)}\n\n"
     return json.dumps({"type": name, **data}) + "\n"
+
+
+# -- executions a client comes back to --------------------------------------------------------
+
+
+async def list_executions(request: Request) -> Response:
+    session_id = request.query_params.get("session_id")
+    if session_id is not None:
+        validate_session_id(session_id)
+    kept = service_of(request).executions.listed(session_id)
+    return JSONResponse({"executions": [execution_view(e, with_result=False) for e in kept]})
+
+
+async def get_execution(request: Request) -> Response:
+    execution = service_of(request).executions.get(request.path_params["eid"])
+    return JSONResponse(execution_view(execution, with_result=True))
+
+
+async def execution_events(request: Request) -> Response:
+    """The events after `?after=N` (or the SSE `Last-Event-ID`), then the result."""
+    execution = service_of(request).executions.get(request.path_params["eid"])
+    after = _after(request)
+    return _streamed(execution, _stream_mode(request) or "sse", after=after, announce=False)
+
+
+async def session_events(request: Request) -> Response:
+    """The session's status events after `?after=N` (or `Last-Event-ID`), then each as it
+    happens, until the session is deleted or the server stops; SSE unless Accept asks
+    for NDJSON. A comment (SSE) or an empty line (NDJSON) every KEEPALIVE_S keeps an idle
+    connection open."""
+    after = _after(request)
+    mode = _stream_mode(request) or "sse"
+    events = service_of(request).follow_session(request.path_params["id"], after, KEEPALIVE_S)
+    missed = service_of(request).session_events.missed(request.path_params["id"], after)
+
+    async def body() -> AsyncIterator[str]:
+        if missed:
+            yield _event(mode, "missed", {"count": missed})
+        async for event in events:
+            if event is None:
+                yield ": keep-alive\n\n" if mode == "sse" else "\n"
+            else:
+                yield _event(mode, event.kind, event.to_dict(), event.seq)
+
+    return StreamingResponse(body(), media_type=MEDIA[mode], headers={"Cache-Control": "no-store"})
+
+
+def _after(request: Request) -> int:
+    """The last event number the client saw: `?after=N`, else SSE's `Last-Event-ID`."""
+    raw = request.query_params.get("after") or request.headers.get("last-event-id")
+    after = _int_param(raw, 0)
+    if after < 0:
+        raise InvalidInput("after must be an event number, 0 or more")
+    return after
+
+
+def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": execution.id,
+        "session_id": execution.session_id,
+        "state": execution.state,
+        "created_at": execution.created_at,
+        "ended_at": execution.ended_at,
+        "events": len(execution.log),
+        "events_cut": execution.log.cut,
+        "failure": execution.failure(),
+    }
+    if with_result:
+        outcome = execution.outcome()
+        view["result"] = outcome.to_dict() if outcome is not None else None
+    return view
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -332,6 +422,10 @@ ROUTES = [
     Route("/v1/sessions/{id}/restart", restart_session, methods=["POST"]),
     Route("/v1/sessions/{id}/execute", execute_in_session, methods=["POST"]),
     Route("/v1/execute", execute_any, methods=["POST"]),
+    Route("/v1/sessions/{id}/events", session_events, methods=["GET"]),
+    Route("/v1/executions", list_executions, methods=["GET"]),
+    Route("/v1/executions/{eid}", get_execution, methods=["GET"]),
+    Route("/v1/executions/{eid}/events", execution_events, methods=["GET"]),
     Route("/v1/sessions/{id}/files", list_files, methods=["GET"]),
     Route("/v1/sessions/{id}/files", delete_file, methods=["DELETE"]),
     Route("/v1/sessions/{id}/files/content", download_file, methods=["GET"]),

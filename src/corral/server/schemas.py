@@ -187,6 +187,26 @@ class ExecutionResultModel(BaseModel):
     message: str | None
 
 
+class ExecutionModel(BaseModel):
+    """An execution kept by id: running, or ended within the server's keeping time."""
+
+    id: str
+    session_id: str
+    state: Literal["queued", "running", "done"]
+    created_at: float
+    ended_at: float | None
+    events: int = Field(ge=0, description="Output events kept, numbered 1 to this.")
+    events_cut: bool = Field(description="Output past the kept bound was not kept.")
+    failure: str | None = Field(description="Why an ended call has no result.")
+    result: ExecutionResultModel | None = Field(
+        default=None, description="Once it ended with one (not in a listing)."
+    )
+
+
+class ExecutionList(BaseModel):
+    executions: list[ExecutionModel] = Field(description="Newest first, without results.")
+
+
 class FileEntryModel(BaseModel):
     path: str
     kind: Literal["file", "dir", "link", "other"]
