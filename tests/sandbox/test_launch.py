@@ -201,3 +201,26 @@ async def test_a_browser_sandbox_past_its_deadline_is_killed(service: Service) -
         return not [cmd for cmd in running if any(marker in part for part in cmd)]
 
     assert await _wait_until(gone)
+
+
+async def test_two_servers_in_one_process_never_share_a_sessions_cgroup(
+    factory: KernelFactory, settings: Settings
+) -> None:
+    """Tests run several servers in one process, each with a "default" session: removing
+    one server's box must leave the other's cgroup (it removed a live session's, whose next
+    kernel then failed to start: "cannot put the sandbox under its limits")."""
+    other = KernelFactory(settings)
+    first = factory.make_box("default", settings.limits)
+    second = other.make_box("default", settings.limits)
+    assert first.name != second.name
+    if factory.mechanism.name == "rlimit":
+        return  # no cgroup to share
+    await asyncio.to_thread(first.create)
+    await asyncio.to_thread(second.create)
+    await asyncio.to_thread(second.remove)
+    kept = getattr(first, "dirs", {}).get("memory") or getattr(first, "dir", None)
+    assert kept is not None
+    try:
+        assert (kept / "cgroup.procs").exists()
+    finally:
+        await asyncio.to_thread(first.remove)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import os
 import shutil
@@ -58,6 +59,7 @@ from corral.sandbox.runtime import (
 
 log = logging.getLogger(__name__)
 
+_FACTORIES = itertools.count()
 FONT_BUILD_TMP_BYTES = 64 << 20  # the /tmp of the sandbox that builds matplotlib's font list
 
 # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
@@ -97,6 +99,7 @@ class KernelFactory:
         self.skill_binds = skill_binds(settings)
         self.identity_dir = settings.state_dir / "sandbox-etc"
         self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
+        self._number = next(_FACTORIES)  # of this process's factories, from 0
         self.janitor: Janitor | None = None  # sweeps after this server if it dies
         self.fonts = FontCache(
             settings.state_dir / "mpl-fonts",
@@ -125,8 +128,11 @@ class KernelFactory:
     # -- sandboxes of any kind (sessions, the browser) ------------------------------------
 
     def make_box(self, name: str, limits: Limits) -> LimitBox:
-        """A limit box (not yet created) of this host's mechanism."""
-        return make_box(self.mechanism, name, limits)
+        """A limit box (not yet created) of this host's mechanism. The first factory of a
+        process names a box after its sandbox; a later one (tests run several servers in
+        one process) adds its number, so that two servers' "default" never share a cgroup."""
+        tag = f"~{self._number}" if self._number else ""
+        return make_box(self.mechanism, name + tag, limits)
 
     def policy(
         self,
