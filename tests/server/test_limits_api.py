@@ -134,6 +134,9 @@ def test_no_token_is_refused(server: RunningServer, sid: str) -> None:
         # What the schema admits but the limit's meaning refuses is 400.
         ({"memory_bytes": "1M"}, 400, "invalid_input", "at least 128 MiB"),
         ({"workspace_bytes": "0"}, 400, "invalid_input", "must be positive"),
+        ({"memory_bytes": "9999999T"}, 400, "invalid_input", "must be at most 8192 TiB"),
+        ({"memory_bytes": 2**71}, 422, "invalid_body", "less than or equal to"),
+        ({"tasks": 2**40}, 422, "invalid_body", "less than or equal to 4194304"),
         (b"{not json", 400, "invalid_input", "not valid JSON"),
         # Schema violations are 422 by the API's convention (server/errors.py).
         ({}, 422, "invalid_body", "name at least one limit"),

@@ -66,6 +66,12 @@ LIVE_LIMITS = frozenset(
 MIN_MEMORY_BYTES = 128 * KIB**2  # a kernel needs about 75 MiB resident to start
 MIN_TASKS = 8
 MIN_WORKSPACE_FILES = 100  # a package prefix and a run directory hold about 20
+# Upper bounds every mechanism can hold (setrlimit takes a C long; pids.max stops at the
+# kernel's PID_MAX_LIMIT): far past any host, and a refusal rather than an overflow.
+MAX_SIZE_BYTES = 2**53  # 8192 TiB, also the largest integer a JSON client keeps exactly
+MAX_TASKS = 4_194_304
+MAX_WORKSPACE_FILES = 2**32
+_MAXIMA = {"tasks": MAX_TASKS, "workspace_files": MAX_WORKSPACE_FILES}
 
 
 def _parse_limit(name: str, raw: Any) -> int | float:
@@ -84,6 +90,10 @@ def _parse_limit(name: str, raw: Any) -> int | float:
         raise InvalidInput(f"limit tasks must be at least {MIN_TASKS}")
     if name == "workspace_files" and value < MIN_WORKSPACE_FILES:
         raise InvalidInput(f"limit workspace_files must be at least {MIN_WORKSPACE_FILES}")
+    if name.endswith("_bytes") and value > MAX_SIZE_BYTES:
+        raise InvalidInput(f"limit {name} must be at most {format_size(MAX_SIZE_BYTES)}")
+    if value > _MAXIMA.get(name, math.inf):
+        raise InvalidInput(f"limit {name} must be at most {_MAXIMA[name]}")
     return value
 
 

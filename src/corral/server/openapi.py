@@ -236,7 +236,8 @@ OPERATIONS: tuple[Operation, ...] = (
         ok=(200, s.SessionLimitsModel),
         admin=True,
         description="A value the schema admits can still be refused: a size string that "
-        "comes to less than the minimum (128 MiB of memory, 1 byte otherwise) gets 400 "
+        "comes to less than the minimum (128 MiB of memory, 1 byte otherwise) or more than "
+        "8192 TiB gets 400 "
         "`invalid_input`; memory below what the session uses now gets 409 `conflict`.",
     ),
     Operation(

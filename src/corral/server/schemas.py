@@ -28,7 +28,15 @@ from corral.browser.fetch import validate_url
 from corral.egress.rules import parse_entry
 from corral.errors import CorralError
 from corral.mounts import check_name
-from corral.sandbox.limits import MIN_MEMORY_BYTES, MIN_TASKS, MIN_WORKSPACE_FILES, parse_size
+from corral.sandbox.limits import (
+    MAX_SIZE_BYTES,
+    MAX_TASKS,
+    MAX_WORKSPACE_FILES,
+    MIN_MEMORY_BYTES,
+    MIN_TASKS,
+    MIN_WORKSPACE_FILES,
+    parse_size,
+)
 from corral.server import patterns
 
 MAX_CODE_CHARS = 1_000_000
@@ -44,10 +52,14 @@ def _whole(value: Any) -> Any:
 
 
 # The bound comes before the validator, or the document shows it as an unknown keyword.
-PositiveInt = Annotated[StrictInt, Field(ge=1), BeforeValidator(_whole)]
-MemoryInt = Annotated[StrictInt, Field(ge=MIN_MEMORY_BYTES), BeforeValidator(_whole)]
-TaskCount = Annotated[StrictInt, Field(ge=MIN_TASKS), BeforeValidator(_whole)]
-FileCount = Annotated[StrictInt, Field(ge=MIN_WORKSPACE_FILES), BeforeValidator(_whole)]
+SizeInt = Annotated[StrictInt, Field(ge=1, le=MAX_SIZE_BYTES), BeforeValidator(_whole)]
+MemoryInt = Annotated[
+    StrictInt, Field(ge=MIN_MEMORY_BYTES, le=MAX_SIZE_BYTES), BeforeValidator(_whole)
+]
+TaskCount = Annotated[StrictInt, Field(ge=MIN_TASKS, le=MAX_TASKS), BeforeValidator(_whole)]
+FileCount = Annotated[
+    StrictInt, Field(ge=MIN_WORKSPACE_FILES, le=MAX_WORKSPACE_FILES), BeforeValidator(_whole)
+]
 
 
 def _shaped(pattern: str, max_chars: int, parse: Callable[[str], object]) -> AfterValidator:
@@ -408,11 +420,11 @@ class LimitsChange(Strict):
     memory_bytes: MemoryInt | SizeText | None = None
     cpus: float | None = Field(default=None, gt=0, le=1024, allow_inf_nan=False)
     tasks: TaskCount | None = None
-    workspace_bytes: PositiveInt | SizeText | None = None
-    tmp_bytes: PositiveInt | SizeText | None = None
+    workspace_bytes: SizeInt | SizeText | None = None
+    tmp_bytes: SizeInt | SizeText | None = None
     exec_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     idle_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    output_bytes: PositiveInt | SizeText | None = None
+    output_bytes: SizeInt | SizeText | None = None
     workspace_files: FileCount | None = None
 
     @model_validator(mode="before")
