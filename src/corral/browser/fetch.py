@@ -166,6 +166,7 @@ class Browser:
         request = {
             "url": url,
             "timeout_s": timeout_s,
+            "launch_timeout_s": START_MARGIN_S,  # starting is not the page's time
             "chromium": chromium,
             "max_chars": self.settings.browser_max_chars,
             "max_links": MAX_LINKS,

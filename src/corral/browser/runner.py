@@ -61,7 +61,9 @@ def fetch(request: dict[str, Any]) -> dict[str, Any]:
     started = time.monotonic()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=request["chromium"], args=list(CHROMIUM_ARGS), timeout=timeout_ms
+            executable_path=request["chromium"],
+            args=list(CHROMIUM_ARGS),
+            timeout=int(request["launch_timeout_s"] * 1000),
         )
         try:
             page = browser.new_context(accept_downloads=False).new_page()
