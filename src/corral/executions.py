@@ -31,6 +31,10 @@ class ExecutionRegistry:
         self._ended[execution.id] = execution
         self._forget_old()
 
+    def running(self) -> list[Execution]:
+        """The executions that have not ended (the service waits for them at close)."""
+        return list(self._running.values())
+
     def get(self, execution_id: str) -> Execution:
         """The execution, or `ExecutionNotFound` naming how long ended ones are kept."""
         self._forget_old()

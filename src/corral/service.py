@@ -74,7 +74,6 @@ class Service:
         self.sessions.factory.on_event = self._audit_event
         self.browser = Browser(settings, self.sessions.factory, self.network)
         self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
-        self._executions: set[Execution] = set()
         self.session_events = SessionEvents()
         self.executions = ExecutionRegistry(
             settings.execution_keep_s, settings.execution_keep_count
@@ -179,9 +178,8 @@ class Service:
             self.sessions.cancel,
             session_id=session_id or DEFAULT_SESSION,
             keep_bytes=self.settings.max_output_bytes,
-            on_end=self._execution_ended,
+            on_end=self.executions.ended,
         )
-        self._executions.add(execution)
         self.executions.add(execution)
         return execution
 
@@ -195,10 +193,6 @@ class Service:
         if result.limit is not None:
             publish("limit", execution=execution_id, limit=result.limit, message=result.message)
         publish("idle", execution=execution_id, status=result.status)
-
-    def _execution_ended(self, execution: Execution) -> None:
-        self._executions.discard(execution)
-        self.executions.ended(execution)
 
     async def execute(
         self,
@@ -242,7 +236,7 @@ class Service:
     async def _wait_for_executions(self) -> None:
         """At close, after the kernels stopped: every call still held ends promptly (as
         died, or refused), and one that does not within `CLOSE_WAIT_S` is cancelled."""
-        for execution in list(self._executions):
+        for execution in self.executions.running():
             if not await execution.wait(CLOSE_WAIT_S):
                 log.warning(
                     "an execution had not ended %g s after its kernel stopped", CLOSE_WAIT_S
