@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from corral import mounts
 from corral.browser import fetch
+from corral.kernels import session
 from corral.sandbox import limits
 
-SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+SESSION_ID = f"^{session.SESSION_ID.pattern}$"
 MOUNT_NAME = f"^{mounts.MOUNT_NAME.pattern}$"
 SIZE = f"^{limits.SIZE_TEXT}$"  # "2G", "512MiB", "1.5g", "1000"
 
