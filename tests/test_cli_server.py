@@ -210,7 +210,7 @@ def test_operator_commands_reach_the_server_on_its_own_port(server: Served) -> N
     for command in (["net", "show", "ported"], ["limits", "show", "ported"]):
         done = server.corral(*command)
         assert done.returncode == 0, (command, done.stderr)
-    desktop = json.loads(server.corral("mcp-config", "claude-desktop").stdout.split("\n", 1)[1])
+    desktop = json.loads(server.corral("mcp-config", "claude-desktop").stdout)
     entry = desktop["mcpServers"]["corral"]
     assert Path(entry["command"]).is_absolute() and "mcp-stdio" in entry["args"]
     assert os.access(entry["command"], os.X_OK)

@@ -379,7 +379,8 @@ def mcp_stdio() -> None:
 def mcp_config(client: str) -> None:
     """Print a ready configuration snippet for CLIENT, with the agent token filled in.
 
-    The URL is the running server's (the configured address when none runs).
+    The URL is the running server's (the configured address when none runs). stdout holds
+    the snippet alone (redirect it into the file); the file it belongs in goes to stderr.
     """
     settings = _settings()
     tokens, problem = _tokens_or_problem(settings)
@@ -390,7 +391,10 @@ def mcp_config(client: str) -> None:
     except StateOwned:
         base = None  # owned by a service with no HTTP API: the configured address it is
     base = base or f"http://{_url_host(settings.host)}:{settings.port}"
-    click.echo(client_config(client, f"{base}/mcp", tokens.agent), nl=False)
+    snippet = client_config(client, f"{base}/mcp", tokens.agent)
+    if snippet.where is not None:
+        click.echo(f"# {snippet.where}", err=True)
+    click.echo(snippet.text, nl=False)
 
 
 @main.command()

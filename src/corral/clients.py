@@ -1,4 +1,9 @@
-"""Ready-to-paste MCP client configurations, with the URL and the agent token filled in."""
+"""Ready-to-paste MCP client configurations, with the URL and the agent token filled in.
+
+A snippet is exactly what goes into the client's file (`corral mcp-config gemini >
+~/.gemini/settings.json` writes valid JSON); where it goes is said apart (`Snippet.where`),
+and the CLI prints that on stderr.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,23 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from corral.errors import InvalidInput
+
+
+class Snippet(NamedTuple):
+    text: str  # what goes into the file, or the command to run
+    where: str | None = None  # the file it goes into, when it is one
 
 
 def _http_entry(url: str, token: str, url_key: str = "url") -> dict[str, object]:
     return {url_key: url, "headers": {"Authorization": f"Bearer {token}"}}
 
 
-def _claude_code(url: str, token: str) -> str:
+def _claude_code(url: str, token: str) -> Snippet:
     header = shlex.quote(f"Authorization: Bearer {token}")
-    return f"claude mcp add --transport http corral {url} --header {header}\n"
+    return Snippet(f"claude mcp add --transport http corral {url} --header {header}\n")
 
 
 def stdio_command() -> list[str]:
@@ -41,7 +52,7 @@ def _stdio_env() -> dict[str, str]:
     return {name: os.environ[name] for name in names if os.environ.get(name)}
 
 
-def _claude_desktop(url: str, token: str) -> str:
+def _claude_desktop(url: str, token: str) -> Snippet:
     # Claude Desktop's config file starts local servers over stdio; beside a running server
     # `corral mcp-stdio` relays to it (`url`), else it runs its own service.
     command, *args = stdio_command()
@@ -49,20 +60,17 @@ def _claude_desktop(url: str, token: str) -> str:
     if env := _stdio_env():
         entry["env"] = env
     config = {"mcpServers": {"corral": entry}}
-    return (
-        "# claude_desktop_config.json (stdio: Desktop starts corral itself)\n"
-        + json.dumps(config, indent=2)
-        + "\n"
+    return Snippet(
+        json.dumps(config, indent=2) + "\n",
+        "claude_desktop_config.json (stdio: Desktop starts corral itself)",
     )
 
 
 def _json_config(
-    path_note: str, key: str, entry: Callable[[str, str], dict[str, object]]
-) -> Callable[[str, str], str]:
-    def render(url: str, token: str) -> str:
-        return (
-            f"# {path_note}\n" + json.dumps({key: {"corral": entry(url, token)}}, indent=2) + "\n"
-        )
+    path: str, key: str, entry: Callable[[str, str], dict[str, object]]
+) -> Callable[[str, str], Snippet]:
+    def render(url: str, token: str) -> Snippet:
+        return Snippet(json.dumps({key: {"corral": entry(url, token)}}, indent=2) + "\n", path)
 
     return render
 
@@ -71,8 +79,11 @@ def _opencode_entry(url: str, token: str) -> dict[str, object]:
     return {"type": "remote", "enabled": True, **_http_entry(url, token)}
 
 
-def _openai_agents(url: str, token: str) -> str:
-    return f'''# pip install openai-agents
+def _openai_agents(url: str, token: str) -> Snippet:
+    return Snippet(_OPENAI_AGENTS.format(url=url, token=token))
+
+
+_OPENAI_AGENTS = """# pip install openai-agents
 import asyncio
 
 from agents import Agent, Runner
@@ -89,10 +100,10 @@ async def main() -> None:
 
 
 asyncio.run(main())
-'''
+"""
 
 
-RENDERERS: dict[str, Callable[[str, str], str]] = {
+RENDERERS: dict[str, Callable[[str, str], Snippet]] = {
     "claude-code": _claude_code,
     "claude-desktop": _claude_desktop,
     "cursor": _json_config("~/.cursor/mcp.json", "mcpServers", _http_entry),
@@ -107,7 +118,7 @@ RENDERERS: dict[str, Callable[[str, str], str]] = {
 }
 
 
-def client_config(client: str, url: str, token: str) -> str:
+def client_config(client: str, url: str, token: str) -> Snippet:
     """The snippet for `client`; raises `InvalidInput` naming the known clients."""
     renderer = RENDERERS.get(client)
     if renderer is None:

@@ -110,3 +110,65 @@ def test_server_without_usable_tokens_fails_closed(server_settings: Settings) ->
         assert response.status_code == 503
         assert "the token file is a link" in response.json()["error"]["message"]
         assert http.post("/mcp", json=INIT, headers=MCP_HEADERS).status_code == 503
+
+
+# -- the InstaVM SDK's header, and OAuth discovery (coderunner's clients) -------------------
+
+
+def test_the_agent_token_is_accepted_in_x_api_key(server: RunningServer) -> None:
+    """The InstaVM SDK sends its `api_key` as X-API-Key and cannot send a bearer token."""
+    assert server.tokens is not None
+    with server.client(token=None, headers={"X-API-Key": server.tokens.agent}) as http:
+        assert http.get("/v1/sessions").status_code == 200
+        assert http.post("/execute", json={"code": "print(6 * 7)"}).json()["stdout"] == "42\n"
+        assert http.get("/v1/admin/audit").status_code == 403  # the agent's role, as a bearer
+
+
+def test_the_admin_token_in_x_api_key_has_the_admin_role(server: RunningServer) -> None:
+    assert server.tokens is not None
+    with server.client(token=None, headers={"X-API-Key": server.tokens.admin}) as http:
+        assert http.get("/v1/admin/audit").status_code == 200
+
+
+@pytest.mark.parametrize("key", ["", "x" * 43, "not a token at all"])
+def test_a_wrong_x_api_key_is_401_and_names_both_headers(server: RunningServer, key: str) -> None:
+    with server.client(token=None, headers={"X-API-Key": key}) as http:
+        response = http.get("/v1/sessions")
+    assert response.status_code == 401
+    assert "X-API-Key" in response.json()["error"]["message"]
+
+
+def test_a_wrong_bearer_is_not_rescued_by_a_right_x_api_key(server: RunningServer) -> None:
+    """One credential per request: a refused bearer token is refused, whatever else is sent."""
+    assert server.tokens is not None
+    headers = {"X-API-Key": server.tokens.agent}
+    with server.client(token="x" * 43, headers=headers) as http:
+        assert http.get("/v1/sessions").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-authorization-server",
+        "/.well-known/oauth-authorization-server/mcp",
+        "/.well-known/openid-configuration",
+    ],
+)
+def test_oauth_discovery_is_404_without_a_token(server: RunningServer, path: str) -> None:
+    """No OAuth here: a client that looks for it learns so, instead of starting a flow."""
+    with server.client(token=None) as http:
+        response = http.get(path)
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert error["code"] == "no_oauth"
+    assert "Authorization: Bearer" in error["message"] and "X-API-Key" in error["message"]
+
+
+def test_the_openapi_document_names_both_ways_to_send_the_token(server: RunningServer) -> None:
+    with server.client() as http:
+        spec = http.get("/openapi.json").json()
+    schemes = spec["components"]["securitySchemes"]
+    assert schemes["apiKey"] == {**schemes["apiKey"], "in": "header", "name": "X-API-Key"}
+    assert spec["security"] == [{"bearer": []}, {"apiKey": []}]

@@ -113,8 +113,18 @@ def test_mcp_config_prints_a_snippet_with_the_token(env: dict[str, str], client:
     else:
         assert token in done.stdout
         assert "http://127.0.0.1:8222/mcp" in done.stdout
-    if client in ("cursor", "gemini", "opencode", "kiro"):
-        json.loads(done.stdout.split("\n", 1)[1])
+    if client in JSON_CONFIGS:  # stdout is the file itself; where it goes is on stderr
+        json.loads(done.stdout)
+        assert done.stderr.strip() == f"# {JSON_CONFIGS[client]}"
+
+
+JSON_CONFIGS = {
+    "cursor": "~/.cursor/mcp.json",
+    "gemini": "~/.gemini/settings.json",
+    "opencode": "opencode.json",
+    "kiro": ".kiro/settings/mcp.json",
+    "claude-desktop": "claude_desktop_config.json (stdio: Desktop starts corral itself)",
+}
 
 
 def test_audit_lists_what_the_server_recorded(

@@ -1,8 +1,11 @@
 """The guard in front of every route: Host and Origin checks, bearer tokens, admin routes.
 
 Pure ASGI middleware, so it covers `/mcp` (streamed responses included) exactly like REST.
-Order: Host (DNS-rebinding protection), Origin, then the token. Only `GET /health` is open.
-A server whose tokens could not be loaded answers 503 everywhere else: it fails closed.
+Order: Host (DNS-rebinding protection), Origin, then the token. Only `GET /health` is open,
+and `/.well-known/`, which answers 404 (there is no OAuth here: a client that looks for it
+learns so, instead of starting a flow). The token comes as `Authorization: Bearer`, or as
+`X-API-Key` (the InstaVM SDK's header) when no Authorization header is sent. A server whose
+tokens could not be loaded answers 503 everywhere else: it fails closed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from corral.tokens import Role, Tokens
 OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
 ADMIN_PREFIX = "/v1/admin/"
 ROLE_KEY = "corral.role"
+DISCOVERY_PREFIX = "/.well-known/"
+NO_OAUTH = (
+    "this server does not use OAuth: send its token as 'Authorization: Bearer <token>' or "
+    "'X-API-Key: <token>' ('corral mcp-config CLIENT' prints a configuration with it)"
+)
 
 
 def allowed_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str]:
@@ -76,6 +84,8 @@ class Guard:
             return error_response(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
         if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
             return None
+        if scope["path"].startswith(DISCOVERY_PREFIX):
+            return error_response(404, "no_oauth", NO_OAUTH)
         return self._token_refusal(scope, headers)
 
     def _origin_allowed(self, origin: str) -> bool:
@@ -87,19 +97,29 @@ class Guard:
             return error_response(
                 503, "token_unavailable", f"the server has no usable token: {self.token_problem}"
             )
-        scheme, _, presented = headers.get("authorization", "").partition(" ")
-        role = self.tokens.role_of(presented.strip()) if scheme.lower() == "bearer" else None
+        role = self.tokens.role_of(presented) if (presented := _presented(headers)) else None
         if role is None:
             return error_response(
                 401,
                 "unauthorized",
-                "a valid 'Authorization: Bearer <token>' header is required",
+                "a valid token is required, as 'Authorization: Bearer <token>' or "
+                "'X-API-Key: <token>'",
                 {"WWW-Authenticate": 'Bearer realm="corral"'},
             )
         if scope["path"].startswith(ADMIN_PREFIX) and role is not Role.ADMIN:
             return error_response(403, "admin_only", "this route needs the admin token")
         scope.setdefault("state", {})[ROLE_KEY] = role.value
         return None
+
+
+def _presented(headers: Headers) -> str | None:
+    """The token the request presents: its bearer token, else its X-API-Key when it sends no
+    Authorization header (one credential a request: a refused bearer is not retried)."""
+    authorization = headers.get("authorization")
+    if authorization is None:
+        return headers.get("x-api-key", "").strip() or None
+    scheme, _, presented = authorization.partition(" ")
+    return presented.strip() if scheme.lower() == "bearer" else None
 
 
 def role_of(scope: Scope) -> Role:

@@ -422,9 +422,18 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": models,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "X-API-Key",
+                    "description": "The same token, as the InstaVM SDK sends it; read only "
+                    "when the request has no Authorization header.",
+                },
+            },
         },
-        "security": [{"bearer": []}],
+        "security": [{"bearer": []}, {"apiKey": []}],
     }
 
 
