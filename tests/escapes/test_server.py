@@ -27,6 +27,7 @@ from starlette.routing import Mount, Route
 
 from corral.config import Settings
 from corral.errors import SessionNotFound
+from corral.server import compat
 from corral.server.app import build_app
 from corral.service import Service
 from corral.tokens import Tokens, load_tokens
@@ -46,9 +47,11 @@ class Reply:
 
     @property
     def code(self) -> str | None:
-        """The guard's error code, or None for a reply that is not its JSON error."""
+        """The guard's error code (coderunner's error text on its paths), or None for a
+        reply that is not one of the guard's JSON errors."""
         try:
-            return str(json.loads(self.body)["error"]["code"])
+            error = json.loads(self.body)["error"]
+            return error if isinstance(error, str) else str(error["code"])
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -237,12 +240,22 @@ async def refused_everywhere(
         reply = await send_http(
             host.server_port, call.method, f"{call.path}?{query}", headers, sent
         )
-        expected = (refusal[0], None if call.method == "HEAD" else refusal[1])
+        answer = CODERUNNER_REFUSAL if _as_coderunner(call.path, refusal) else refusal
+        expected = (answer[0], None if call.method == "HEAD" else answer[1])
         if (reply.status, reply.code) != expected:
             wrong.append(f"{call}: {reply.status} {reply.body[:200]!r}")
     assert wrong == [], "\n".join(wrong)
     assert len(host.server_hits) - hits == len(calls)  # each attempt did reach the server
     assert await service_state(host) == before
+
+
+# On the paths coderunner serves too, a foreign Host or Origin gets coderunner's answer.
+CODERUNNER_REFUSAL = (403, "Invalid Host or Origin header")
+HEADER_REFUSALS = {"host_not_allowed", "origin_not_allowed"}
+
+
+def _as_coderunner(path: str, refusal: tuple[int, str]) -> bool:
+    return path in compat.PATHS and refusal[1] in HEADER_REFUSALS
 
 
 def server_tokens(host: Host) -> Tokens:
@@ -315,8 +328,8 @@ FOREIGN_HOSTS = [
 async def test_call_every_route_under_a_foreign_host_name(
     host: Host, target: Target, foreign: str
 ) -> None:
-    """A page whose name was rebound to 127.0.0.1 gets 421 on every route, /health and
-    /mcp included, even holding the admin token."""
+    """A page whose name was rebound to 127.0.0.1 is refused on every route, /health and
+    /mcp included, even holding the admin token: 421, or coderunner's 403 on its paths."""
     headers = {
         "Host": foreign.format(port=host.server_port),
         "Content-Type": "application/json",

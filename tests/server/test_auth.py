@@ -72,12 +72,32 @@ def test_admin_token_reaches_admin_and_agent_routes(server: RunningServer) -> No
         assert http.get("/v1/sessions").status_code == 200
 
 
-@pytest.mark.parametrize("route", ["/health", "/v1/sessions", "/mcp"])
+@pytest.mark.parametrize("route", ["/v1/sessions", "/v1/executions", "/openapi.json"])
 def test_foreign_host_is_refused_on_every_route(server: RunningServer, route: str) -> None:
     with server.client("agent", headers={"Host": "attacker.example:8222"}) as http:
         response = http.get(route)
     assert response.status_code == 421
     assert "DNS rebinding" in response.json()["error"]["message"]
+
+
+CODERUNNER_REFUSAL = {"error": "Invalid Host or Origin header"}
+
+
+@pytest.mark.parametrize(
+    "route", ["/health", "/mcp", "/execute", "/v1/sessions/session"], ids=str.strip
+)
+@pytest.mark.parametrize(
+    "headers",
+    [{"Host": "evil.example"}, {"Host": "evil.example:8222"}, {"Origin": "http://evil.example"}],
+    ids=lambda headers: next(iter(headers)),
+)
+def test_coderunner_paths_refuse_a_foreign_host_or_origin_as_coderunner_does(
+    server: RunningServer, route: str, headers: dict[str, str]
+) -> None:
+    """coderunner answers 403 with its own body; its test-e2e.sh checks the status."""
+    with server.client("agent", headers=headers) as http:
+        response = http.post(route, json={"code": "1"}) if route != "/health" else http.get(route)
+    assert (response.status_code, response.json()) == (403, CODERUNNER_REFUSAL)
 
 
 @pytest.mark.parametrize("origin", ["http://attacker.example", "null", "file://"])

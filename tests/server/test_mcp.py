@@ -429,7 +429,8 @@ def test_a_foreign_host_is_refused(server: RunningServer) -> None:
     headers = {**MCP_HEADERS, "Host": "evil.example"}
     with server.client("agent") as http:
         response = http.post("/mcp", json=INITIALIZE, headers=headers)
-    assert response.status_code == 421
+    assert response.status_code == 403  # coderunner's status and body on its endpoint
+    assert response.json() == {"error": "Invalid Host or Origin header"}
 
 
 # -- stdio ---------------------------------------------------------------------------------

@@ -107,7 +107,13 @@ def build_app(
         idle_s=settings.body_idle_timeout_s,
         total_s=settings.body_timeout_s,
     )
-    return Guard(limited, tokens=tokens, token_problem=token_problem, hosts=hosts)
+    return Guard(
+        limited,
+        tokens=tokens,
+        token_problem=token_problem,
+        hosts=hosts,
+        coderunner_paths=compat.PATHS,
+    )
 
 
 def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:

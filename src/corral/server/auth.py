@@ -1,11 +1,13 @@
 """The guard in front of every route: Host and Origin checks, bearer tokens, admin routes.
 
 Pure ASGI middleware, so it covers `/mcp` (streamed responses included) exactly like REST.
-Order: Host (DNS-rebinding protection), Origin, then the token. Only `GET /health` is open,
-and `/.well-known/`, which answers 404 (there is no OAuth here: a client that looks for it
-learns so, instead of starting a flow). The token comes as `Authorization: Bearer`, or as
-`X-API-Key` (the InstaVM SDK's header) when no Authorization header is sent. A server whose
-tokens could not be loaded answers 503 everywhere else: it fails closed.
+Order: Host (DNS-rebinding protection), Origin, then the token; a refused Host or Origin on
+a path coderunner serves too gets coderunner's 403 and body, so its clients read it as
+theirs. Only `GET /health` is open, and `/.well-known/`, which answers 404 (there is no
+OAuth here: a client that looks for it learns so, instead of starting a flow). The token
+comes as `Authorization: Bearer`, or as `X-API-Key` (the InstaVM SDK's header) when no
+Authorization header is sent. A server whose tokens could not be loaded answers 503
+everywhere else: it fails closed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.server.responses import error_response
@@ -22,6 +25,9 @@ from corral.tokens import Role, Tokens
 OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
 ADMIN_PREFIX = "/v1/admin/"
 ROLE_KEY = "corral.role"
+# coderunner's answer to a foreign Host or Origin, on the paths it serves too (its
+# test-e2e.sh checks for 403); corral's own routes answer 421 or 403 with an error code.
+CODERUNNER_REFUSAL = JSONResponse({"error": "Invalid Host or Origin header"}, status_code=403)
 DISCOVERY_PREFIX = "/.well-known/"
 NO_OAUTH = (
     "this server does not use OAuth: send its token as 'Authorization: Bearer <token>' or "
@@ -54,11 +60,13 @@ class Guard:
         tokens: Tokens | None,
         token_problem: str | None,
         hosts: frozenset[str],
+        coderunner_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.token_problem = token_problem
         self.hosts = hosts
+        self.coderunner_paths = coderunner_paths  # refused Host/Origin as coderunner says it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -73,7 +81,10 @@ class Guard:
     def _refusal(self, scope: Scope) -> ASGIApp | None:
         headers = Headers(scope=scope)
         host = headers.get("host", "").lower()
+        coderunner = scope["path"] in self.coderunner_paths
         if host not in self.hosts:
+            if coderunner:
+                return CODERUNNER_REFUSAL
             return error_response(
                 421,
                 "host_not_allowed",
@@ -81,6 +92,8 @@ class Guard:
             )
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin):
+            if coderunner:
+                return CODERUNNER_REFUSAL
             return error_response(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
         if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
             return None

@@ -178,3 +178,5 @@ ROUTES = [
     Route("/v1/browser/interactions/navigate", browser_navigate, methods=["POST"]),
     Route("/v1/browser/interactions/content", browser_content, methods=["POST"]),
 ]
+# Every path coderunner serves: its REST routes, its health check and its MCP endpoint.
+PATHS = frozenset({route.path for route in ROUTES} | {"/health", "/mcp"})

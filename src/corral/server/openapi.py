@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from corral import __version__
+from corral.server import compat
 from corral.server import schemas as s
 from corral.server.admin import ARCHIVE_NAME, SkillAdded
 
@@ -483,8 +484,14 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     if op.headers:
         ok["headers"] = op.headers
     responses = {str(status): ok}
+    coderunner = op.path in compat.PATHS
     for code, text in (*ERRORS.items(), *op.extra_errors):
-        if code in GUARD_CODES:
+        if coderunner and code == "421":
+            continue  # coderunner's paths refuse a foreign Host with its 403
+        if coderunner and code == "403":
+            schema = {"anyOf": [_schema(s.CompatError, models), guard_error]}
+            text = "Not allowed (a foreign Host or Origin: coderunner's body)"
+        elif code in GUARD_CODES:
             schema = guard_error
         elif code in SHARED_CODES and route_error != guard_error:
             schema = {"anyOf": [route_error, guard_error]}
