@@ -238,7 +238,8 @@ async def test_variables_persist_in_a_named_session(server: RunningServer) -> No
 async def test_list_python_sessions_shows_a_started_session(server: RunningServer) -> None:
     async with connect(server) as client, named_session(client, "mcp-list") as session_id:
         listed = await client.call_tool("list_python_sessions", {})
-    sessions = {view["session_id"]: view for view in structured(listed)["sessions"]}
+    # coderunner's shape: structuredContent["result"] is the list (test-sessions.py reads it)
+    sessions = {view["session_id"]: view for view in structured(listed)["result"]}
     assert sessions[session_id]["status"] == "active"
 
 
@@ -251,7 +252,7 @@ async def test_stop_python_session_says_stopped(server: RunningServer) -> None:
     assert not stopped.is_error, text_of(stopped)
     body = structured(stopped)
     assert (body["session_id"], body["status"]) == (session_id, "stopped")
-    sessions = {view["session_id"]: view for view in structured(listed)["sessions"]}
+    sessions = {view["session_id"]: view for view in structured(listed)["result"]}
     assert sessions[session_id]["status"] == "stopped"
 
 

@@ -142,6 +142,24 @@ async def test_the_mcp_tools_answer_in_coderunners_words(server: RunningServer) 
     assert unknown.startswith("Error: ") and "list_skills()" in unknown
 
 
+async def test_a_skill_call_that_cannot_be_done_is_flagged_as_an_error(
+    server: RunningServer,
+) -> None:
+    """One rule for every tool: isError when the tool could not do what it was asked."""
+    calls = {
+        "unknown skill": ("get_skill_info", {"skill_name": "nope"}),
+        "unknown file": ("get_skill_file", {"skill_name": "xlsx", "filename": "nope.md"}),
+        "escaping file": ("get_skill_file", {"skill_name": "xlsx", "filename": "../pdf/SKILL.md"}),
+    }
+    async with connect(server) as client:
+        found = await client.call_tool("get_skill_info", {"skill_name": "xlsx"})
+        refused = {name: await client.call_tool(*call) for name, call in calls.items()}
+    assert not found.is_error
+    for name, result in refused.items():
+        assert result.is_error, name
+        assert text_of(result).startswith("Error: "), name
+
+
 # -- corral skills -----------------------------------------------------------------------------
 
 

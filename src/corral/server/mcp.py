@@ -45,7 +45,7 @@ class SessionView(BaseModel):
 
 
 class SessionViews(BaseModel):
-    sessions: list[SessionView]
+    result: list[SessionView]  # coderunner's shape: its clients read structuredContent.result
 
 
 class WriteResult(BaseModel):
@@ -150,19 +150,21 @@ class _Tools:
     async def list_skills(self) -> str:
         return texts.skills_text(await self.service.list_skills())
 
-    async def get_skill_info(self, skill_name: str) -> str:
+    async def get_skill_info(self, skill_name: str) -> Annotated[CallToolResult, str]:
         try:
             info = await self.service.skill_info(skill_name)
         except CorralError as exc:
-            return texts.skill_error_text(exc)
-        return texts.skill_info_text(info)
+            return _refused(texts.skill_error_text(exc))
+        return _text_result(texts.skill_info_text(info))
 
-    async def get_skill_file(self, skill_name: str, filename: str) -> str:
+    async def get_skill_file(
+        self, skill_name: str, filename: str
+    ) -> Annotated[CallToolResult, str]:
         try:
             file = await self.service.skill_text_file(skill_name, filename)
         except CorralError as exc:
-            return texts.skill_error_text(exc)
-        return texts.skill_file_text(file)
+            return _refused(texts.skill_error_text(exc))
+        return _text_result(texts.skill_file_text(file))
 
     async def navigate_and_get_all_visible_text(
         self, url: str, screenshot: bool = False
@@ -182,7 +184,7 @@ class _Tools:
 
     async def list_python_sessions(self) -> SessionViews:
         views = [SessionView(**session_view(i)) for i in self.service.list_sessions()]
-        return SessionViews(sessions=sorted(views, key=lambda view: view.session_id))
+        return SessionViews(result=sorted(views, key=lambda view: view.session_id))
 
     async def stop_python_session(self, session_id: str) -> SessionView:
         info = await _tool_call(self.service.stop_session(session_id))
@@ -307,6 +309,21 @@ async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> 
 def _progress_note(elapsed_s: float, text: str) -> str:
     note = f"still running ({elapsed_s:g} s elapsed)"
     return f"{note}\n{text}" if text else note
+
+
+def _refused(text: str) -> CallToolResult:
+    """What a tool answers when it could not do what it was asked: coderunner's "Error: ..."
+    text, flagged as an error (the one rule for every tool; code that ran and failed is not
+    one: its result says how it ended)."""
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def _text_result(text: str) -> CallToolResult:
+    """A text answer as the SDK makes one for a tool returning `str`: the text, and
+    `{"result": text}` as structured content (what coderunner's clients read)."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content={"result": text}
+    )
 
 
 async def _tool_call(awaitable: Any) -> Any:
