@@ -60,7 +60,7 @@ class Guard:
         tokens: Tokens | None,
         token_problem: str | None,
         hosts: frozenset[str],
-        coderunner_paths: frozenset[str] = frozenset(),
+        coderunner_paths: frozenset[str],
     ) -> None:
         self.app = app
         self.tokens = tokens
@@ -80,11 +80,19 @@ class Guard:
 
     def _refusal(self, scope: Scope) -> ASGIApp | None:
         headers = Headers(scope=scope)
+        refusal = self._header_refusal(headers)
+        if refusal is not None:
+            return CODERUNNER_REFUSAL if scope["path"] in self.coderunner_paths else refusal
+        if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
+            return None
+        if scope["path"].startswith(DISCOVERY_PREFIX):
+            return error_response(404, "no_oauth", NO_OAUTH)
+        return self._token_refusal(scope, headers)
+
+    def _header_refusal(self, headers: Headers) -> ASGIApp | None:
+        """corral's answer to a foreign Host or Origin, or None when both are this server's."""
         host = headers.get("host", "").lower()
-        coderunner = scope["path"] in self.coderunner_paths
         if host not in self.hosts:
-            if coderunner:
-                return CODERUNNER_REFUSAL
             return error_response(
                 421,
                 "host_not_allowed",
@@ -92,14 +100,8 @@ class Guard:
             )
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin):
-            if coderunner:
-                return CODERUNNER_REFUSAL
             return error_response(403, "origin_not_allowed", f"Origin {origin!r} is not allowed")
-        if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
-            return None
-        if scope["path"].startswith(DISCOVERY_PREFIX):
-            return error_response(404, "no_oauth", NO_OAUTH)
-        return self._token_refusal(scope, headers)
+        return None
 
     def _origin_allowed(self, origin: str) -> bool:
         parts = urlsplit(origin)
