@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import gc
 import ipaddress
+import logging
 import os
+import re
 import resource
 import socket
 import stat
@@ -98,6 +100,36 @@ class Upstreams:
 
         return await self._start(host, port, serve)
 
+    async def keep_alive(self, host: str, body: bytes = b"ok") -> Upstream:
+        """An HTTP/1.1 origin that ignores `Connection: close`: it answers every request it
+        reads on a connection (recording each head and any body bytes) and keeps it open."""
+
+        async def serve(up: Upstream, reader: asyncio.StreamReader, writer: Any) -> None:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                up.heads.append(head)
+                length = re.search(rb"(?im)^content-length: *(\d+)", head)
+                if length:
+                    up.received += await reader.readexactly(int(length.group(1)))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+
+        return await self._start(host, 0, serve)
+
+    async def answer_with(self, host: str, answer: bytes, *, read_body: bool = True) -> Upstream:
+        """An origin that reads one request (its head, and a body as its framing says) and
+        sends `answer` as it is, then closes."""
+
+        async def serve(up: Upstream, reader: asyncio.StreamReader, writer: Any) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            up.heads.append(head)
+            if read_body:
+                up.received += await _read_body(head, reader)
+            writer.write(answer)
+            await writer.drain()
+
+        return await self._start(host, 0, serve)
+
     async def speak_and_close(self, host: str, words: bytes) -> Upstream:
         async def serve(up: Upstream, reader: asyncio.StreamReader, writer: Any) -> None:
             writer.write(words)
@@ -154,6 +186,21 @@ async def upstreams() -> AsyncIterator[Upstreams]:
         yield made
     finally:
         await made.close()
+
+
+async def _read_body(head: bytes, reader: asyncio.StreamReader) -> bytes:
+    """The body after `head`, decoded as its Content-Length or chunked framing says."""
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    if length:
+        return await reader.readexactly(int(length.group(1)))
+    if not re.search(rb"(?im)^transfer-encoding: *chunked", head):
+        return b""
+    body = bytearray()
+    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+        body += await reader.readexactly(size)
+        await reader.readexactly(2)
+    await reader.readuntil(b"\r\n")
+    return bytes(body)
 
 
 # -- the guard on every dial -----------------------------------------------------------------
@@ -499,6 +546,186 @@ async def test_headers_named_by_connection_are_not_forwarded(
     response, _, _ = await h.request(head)
     assert response.status == 200
     assert b"x-hop" not in up.heads[0].lower()
+
+
+# -- plain HTTP: one request per connection, each judged for its own target ------------------
+
+
+def get_head(authority: str, *headers: str, method: str = "GET", path: str = "/") -> bytes:
+    lines = [f"{method} http://{authority}{path} HTTP/1.1", f"Host: {authority}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def test_requests_pipelined_after_an_allowed_one_reach_no_origin(
+    start: Any, upstreams: Upstreams, dials: Dials
+) -> None:
+    allowed = await upstreams.keep_alive("127.0.0.2")
+    forbidden = await upstreams.keep_alive("127.0.0.3")
+    h = await start(allow("127.0.0.2"))
+    pipelined = (
+        get_head(allowed.authority)
+        + get_head(forbidden.authority, "Authorization: Bearer meant-for-the-other-host")
+        + connect_head(forbidden.authority)
+        + get_head(forbidden.authority, method="DELETE")
+    )
+    reader, _ = await h.dial(b"H" + pipelined)
+    answer = await read_to_eof(reader)
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok"), answer
+    assert re.search(rb"(?im)^connection: close\r$", answer), answer
+    assert len(allowed.heads) == 1 and b"meant-for" not in bytes(allowed.received)
+    assert forbidden.accepted == 0
+    assert dials.attempts == [("127.0.0.2", allowed.port)]
+    assert [target.host for _, target, _ in h.decisions] == ["127.0.0.2"]
+
+
+async def test_a_keep_alive_client_is_told_to_close_and_its_next_request_is_judged_anew(
+    start: Any, upstreams: Upstreams
+) -> None:
+    allowed = await upstreams.keep_alive("127.0.0.2", body=b"allowed origin")
+    forbidden = await upstreams.keep_alive("127.0.0.3", body=b"forbidden origin")
+    h = await start(allow("127.0.0.2"))
+    first, reader, _ = await h.request(get_head(allowed.authority, "Connection: keep-alive"))
+    assert (first.status, first.body) == (200, b"allowed origin")
+    assert first.headers["connection"] == "close"
+    assert await read_to_eof(reader) == b""  # the origin kept its end open; the proxy did not
+    second, _, _ = await h.request(get_head(forbidden.authority, "Authorization: Bearer x"))
+    assert second.status == 403 and "corral refused 127.0.0.3" in second.text
+    assert len(allowed.heads) == 1 and forbidden.accepted == 0
+
+
+@pytest.mark.parametrize(
+    ("framing", "sent", "delivered"),
+    [
+        ("Content-Length: 5", b"hello", b"hello"),
+        ("Transfer-Encoding: chunked", b"3\r\nhel\r\n2;x=1\r\nlo\r\n0\r\n\r\n", b"hello"),
+    ],
+)
+async def test_a_request_body_reaches_the_origin_and_what_follows_it_does_not(
+    start: Any, upstreams: Upstreams, framing: str, sent: bytes, delivered: bytes
+) -> None:
+    up = await upstreams.answer_with(
+        "127.0.0.2", b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone"
+    )
+    h = await start(allow("127.0.0.2"))
+    after = get_head("127.0.0.3:9", "Authorization: Bearer x")
+    reader, _ = await h.dial(b"H" + get_head(up.authority, framing, method="POST") + sent + after)
+    response = await read_response(reader)
+    assert (response.status, response.body) == (201, b"done")
+    assert await read_to_eof(reader) == b""
+    assert bytes(up.received) == delivered
+    assert b"Authorization" not in up.heads[0] and len(up.heads) == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "body"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"4\r\nchun\r\n3\r\nked\r\n0\r\n\r\n",
+            b"chunked",
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\nuntil the close", b"until the close"),
+        (b"HTTP/1.1 204 No Content\r\nConnection: keep-alive\r\n\r\n", b""),
+    ],
+)
+async def test_an_answer_in_any_framing_reaches_the_client_whole(
+    start: Any, upstreams: Upstreams, answer: bytes, body: bytes
+) -> None:
+    up = await upstreams.answer_with("127.0.0.2", answer)
+    h = await start(allow("127.0.0.2"))
+    reader, _ = await h.dial(b"H" + get_head(up.authority))
+    raw = await read_to_eof(reader)
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert re.search(rb"(?im)^connection: close\r?$", head), raw
+    if b"transfer-encoding: chunked" in head.lower():
+        rest = b"".join(re.findall(rb"[0-9a-fA-F]+\r\n(.*?)\r\n", rest, re.S))
+    assert rest == body, raw
+
+
+async def test_a_head_request_gets_the_length_without_a_body(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.answer_with("127.0.0.2", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+    h = await start(allow("127.0.0.2"))
+    reader, _ = await h.dial(b"H" + get_head(up.authority, method="HEAD"))
+    raw = await read_to_eof(reader)
+    assert raw.startswith(b"HTTP/1.1 200 ") and raw.endswith(b"\r\n\r\n"), raw
+    assert b"content-length: 100" in raw.lower()
+
+
+async def test_an_origin_that_does_not_speak_http_is_a_502(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.answer_with("127.0.0.2", b"SSH-2.0-OpenSSH\r\n\r\n")
+    h = await start(allow("127.0.0.2"))
+    response, _, _ = await h.request(get_head(up.authority))
+    assert response.status == 502 and "not a valid HTTP answer" in response.text
+
+
+SMUGGLED = [
+    pytest.param("Host: {a}\r\nX-A: 1\nHost: {b}", id="second-host-behind-bare-lf"),
+    pytest.param(
+        "Host: {a}\r\nContent-Length: 5\nTransfer-Encoding: chunked", id="framing-bare-lf"
+    ),
+    pytest.param(
+        "Host: {a}\r\nContent-Length: 5\rTransfer-Encoding: chunked", id="framing-bare-cr"
+    ),
+    pytest.param("Host: {a}\r\nContent-Length: 0, 63", id="two-lengths-in-one-field"),
+    pytest.param("Host: {a}\r\n folded: continuation", id="obsolete-line-folding"),
+]
+
+
+@pytest.mark.parametrize("headers", SMUGGLED)
+async def test_a_head_that_could_be_read_two_ways_is_a_400_and_one_log_line(
+    start: Any, upstreams: Upstreams, dials: Dials, caplog: pytest.LogCaptureFixture, headers: str
+) -> None:
+    up = await upstreams.keep_alive("127.0.0.2")
+    h = await start(allow("127.0.0.2", "127.0.0.3"))
+    fields = headers.format(a=up.authority, b=f"127.0.0.3:{up.port}")
+    head = f"POST http://{up.authority}/ HTTP/1.1\r\n{fields}\r\n\r\n".encode()
+    with caplog.at_level(logging.DEBUG, logger="corral.egress"):
+        response, reader, _ = await h.request(head)
+    assert response.status == 400 and response.text.startswith("corral proxy: "), response.text
+    assert await read_to_eof(reader) == b""
+    assert dials.attempts == [] and up.accepted == 0
+    _assert_one_bounded_line(caplog)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.3:{p}@127.0.0.2:{p}/",
+        "http://127.0.0.3:{p}\\@127.0.0.2:{p}/",
+        "http://user@127.0.0.2:{p}/",
+        "http://[127.0.0.3]:{p}/",
+        "http://[::1/",
+        "http://[::1]:{p}:{p}/",
+        "http://127.0.0.2:{p}/a b",
+    ],
+)
+async def test_a_url_with_userinfo_or_a_bad_host_is_a_400_and_one_log_line(
+    start: Any, upstreams: Upstreams, dials: Dials, caplog: pytest.LogCaptureFixture, url: str
+) -> None:
+    up = await upstreams.keep_alive("127.0.0.2")
+    h = await start(allow("127.0.0.2", "127.0.0.3", "::1"))
+    target = url.format(p=up.port)
+    with caplog.at_level(logging.DEBUG, logger="corral.egress"):
+        for _ in range(3):
+            response, reader, _ = await h.request(f"GET {target} HTTP/1.1\r\n\r\n".encode())
+            assert response.status == 400, response.text
+            assert await read_to_eof(reader) == b""
+    assert dials.attempts == [] and up.accepted == 0
+    assert len(caplog.records) == 3
+    _assert_one_bounded_line(caplog)
+
+
+def _assert_one_bounded_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Each refused request logs at most one line, without a traceback, of bounded size."""
+    assert caplog.records, "a refused request is logged"
+    for record in caplog.records:
+        assert record.exc_info is None and "\n" not in record.getMessage()
+        assert len(record.getMessage()) <= 400
 
 
 async def test_socks5_connect_by_ipv4(start: Any, upstreams: Upstreams) -> None:

@@ -35,6 +35,8 @@ from tests.escapes.battery import SECRET, WEB_HOST, A, B, Host, pending_connecti
 
 NET = "esc-net"
 REPLY = b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\nrecorded"
+# The recorder's reply as the proxy re-frames it for the client of a plain request.
+RELAYED = "HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nrecorded"
 MAX_RECORD_BYTES = 1024 * 1024
 RECORD_S = 10.0  # how long the recorder waits for the client's end before it answers anyway
 ESTABLISHED = "HTTP/1.1 200 Connection established\r\n\r\n"
@@ -279,7 +281,7 @@ async def smuggled(host: Host, sid: str, recorder: Recorder, sent: bytes, forwar
     """`sent` reaches the recorder as `forwarded`, once, on one connection the proxy checked;
     the corral server and the web server get nothing, the proxy decides nothing else."""
     before, counted = reached(host), stats(host, sid)
-    assert await through_proxy(host, sid, sent) == [REPLY.decode()]
+    assert await through_proxy(host, sid, sent) == [RELAYED]
     assert recorder.received == [forwarded]
     assert reached(host) == before
     after = stats(host, sid)
@@ -336,14 +338,76 @@ async def test_smuggle_with_two_content_lengths(host: Host, net: str) -> None:
 
 
 async def test_pipeline_a_request_to_the_server_behind_an_allowed_one(host: Host, net: str) -> None:
-    # One request per connection: after the first head the connection is a pipe to the
-    # host that was checked, so the second request is bytes for that host, never a request.
+    # One request per connection: the proxy reads the first request (its head, and a body as
+    # its framing says), sends that alone, and never reads what follows.
     with recording_upstream() as recorder:
         await allow_only(host, net, recorder.authority)
         first = get(f"http://{recorder.authority}/first", recorder.authority)
         rewritten = forwarded_get("/first", recorder.authority)
-        sent = first + to_server(host)
-        await smuggled(host, net, recorder, sent, rewritten + to_server(host))
+        await smuggled(host, net, recorder, first + to_server(host), rewritten)
+
+
+@pytest.mark.parametrize("behind", ["get", "connect", "post-body"])
+async def test_pipeline_another_host_behind_an_allowed_request(
+    host: Host, net: str, behind: str
+) -> None:
+    # A pipelined GET or CONNECT for another host, or one hidden after a body that ends
+    # where its Content-Length says: none reaches the allowed host, none is dialled.
+    with recording_upstream() as recorder:
+        await allow_only(host, net, recorder.authority)
+        server = f"127.0.0.1:{host.server_port}"
+        tail = {"get": to_server(host), "connect": connect(server), "post-body": to_server(host)}
+        if behind == "post-body":
+            first = (
+                f"POST http://{recorder.authority}/ HTTP/1.1\r\nHost: {recorder.authority}\r\n"
+                "Content-Length: 4\r\n\r\nbody"
+            ).encode()
+            rewritten = (
+                f"POST / HTTP/1.1\r\nHost: {recorder.authority}\r\nContent-Length: 4\r\n"
+                "Connection: close\r\n\r\nbody"
+            ).encode()
+        else:
+            first = get(f"http://{recorder.authority}/", recorder.authority)
+            rewritten = forwarded_get("/", recorder.authority)
+        await smuggled(host, net, recorder, first + tail[behind], rewritten)
+
+
+KEEP_ALIVE = """
+import json, os, socket, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ['HTTP_PROXY'])
+replies = []
+with socket.create_connection((proxy.hostname, proxy.port), timeout=20) as sock:
+    for request in REQUESTS:
+        try:
+            sock.sendall(request)
+            got = b''
+            while chunk := sock.recv(65536):
+                got += chunk
+                if got.endswith(b'recorded') or b'corral' in got:
+                    break
+        except OSError as error:
+            got = type(error).__name__.encode()
+        replies.append(got.decode('latin-1'))
+print(json.dumps(replies))
+"""
+
+
+async def test_send_the_next_request_for_another_host_on_a_kept_alive_connection(
+    host: Host, net: str
+) -> None:
+    # A keep-alive client's second request, with credentials meant for another host: the
+    # proxy told the client to close and closed; nothing of the second request is relayed.
+    with recording_upstream() as recorder:
+        await allow_only(host, net, recorder.authority)
+        first = get(f"http://{recorder.authority}/", recorder.authority)
+        second = to_server(host).replace(b"\r\n\r\n", b"\r\nAuthorization: Bearer x\r\n\r\n")
+        before = reached(host)
+        code = KEEP_ALIVE.replace("REQUESTS", repr([first, second]))
+        replies = await py(host, code, net)
+        assert replies[0] == RELAYED
+        assert replies[1] in ("", "BrokenPipeError", "ConnectionResetError"), replies
+        assert recorder.received == [forwarded_get("/", recorder.authority)]
+        assert reached(host) == before
 
 
 async def test_pipeline_an_allowed_request_behind_one_to_the_server(host: Host, net: str) -> None:
@@ -362,6 +426,77 @@ def host_mismatch(header: str, host: str, port: int) -> str:
         f"the Host header names {header!r} but the URL names {host}:{port}: a request goes "
         "only to the host its URL names"
     )
+
+
+HEADS_READ_TWO_WAYS = [
+    pytest.param(
+        "Host: {a}\r\nX-A: 1\nHost: {s}",
+        "a request head with a bare CR or LF is refused: end every line with CRLF",
+        id="second-host-behind-a-bare-lf",
+    ),
+    pytest.param(
+        "Host: {a}\r\nContent-Length: 5\nTransfer-Encoding: chunked",
+        "a request head with a bare CR or LF is refused: end every line with CRLF",
+        id="second-framing-behind-a-bare-lf",
+    ),
+    pytest.param(
+        "Host: {a}\r\nContent-Length: 5\rTransfer-Encoding: chunked",
+        "a request head with a bare CR or LF is refused: end every line with CRLF",
+        id="second-framing-behind-a-bare-cr",
+    ),
+    pytest.param(
+        "Host: {a}\r\nContent-Length: 0, 63",
+        "a request with more than one Content-Length is refused",
+        id="two-lengths-in-one-field",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "why"), HEADS_READ_TWO_WAYS)
+async def test_hide_a_second_host_or_framing_in_the_head(
+    host: Host, net: str, fields: str, why: str
+) -> None:
+    with recording_upstream() as recorder:
+        await allow_only(host, net, recorder.authority)
+        server = f"127.0.0.1:{host.server_port}"
+        hidden = to_server(host)
+        head = fields.format(a=recorder.authority, s=server)
+        sent = f"POST http://{recorder.authority}/ HTTP/1.1\r\n{head}\r\n\r\n".encode()
+        await refused_whole(host, net, recorder, sent + hidden, why)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("http://{s}@{a}/", id="userinfo"),
+        pytest.param("http://{s}\\@{a}/", id="userinfo-backslash"),
+    ],
+)
+async def test_name_the_server_as_userinfo_of_an_allowed_url(
+    host: Host, net: str, url: str
+) -> None:
+    # The Host header the proxy writes names only the host it dials; userinfo is refused.
+    with recording_upstream() as recorder:
+        await allow_only(host, net, recorder.authority)
+        target = url.format(s=f"127.0.0.1:{host.server_port}", a=recorder.authority)
+        sent = f"GET {target} HTTP/1.1\r\n\r\n".encode()
+        before = reached(host)
+        [reply] = await through_proxy(host, net, sent, status_only=True)
+        assert reply == "HTTP/1.1 400 Bad Request"
+        assert recorder.received == [] and reached(host) == before
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[127.0.0.1]:{p}/", "http://[::1/", "http://[::1]:{p}:{p}/"]
+)
+async def test_crash_the_proxy_with_a_host_it_cannot_parse(host: Host, net: str, url: str) -> None:
+    # Each is a 400 on a connection that ends, not an exception inside the proxy.
+    await allow_only(host, net, "127.0.0.1", "::1")
+    target = url.format(p=host.server_port)
+    before = reached(host)
+    replies = await through_proxy(host, net, *[f"GET {target} HTTP/1.1\r\n\r\n".encode()] * 5)
+    assert all(reply.startswith("HTTP/1.1 400 Bad Request\r\n") for reply in replies), replies
+    assert reached(host) == before
 
 
 async def test_route_to_the_server_by_the_host_header_of_an_allowed_url(
@@ -498,5 +633,5 @@ async def test_reach_another_port_of_an_allowed_address(host: Host, net: str) ->
         assert reached(host) == before
         # The control: the listed port itself is reached (its body, the secret, stays inside).
         web = get(f"http://{WEB_HOST}:{host.web_port}/", f"{WEB_HOST}:{host.web_port}")
-        assert await through_proxy(host, net, web, status_only=True) == ["HTTP/1.0 200 OK"]
+        assert await through_proxy(host, net, web, status_only=True) == ["HTTP/1.1 200 OK"]
         assert reached(host) == (before[0], before[1] + 1)

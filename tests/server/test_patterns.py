@@ -12,12 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corral.audit import KINDS
 from corral.browser.fetch import validate_url
 from corral.egress.rules import parse_entry
 from corral.errors import InvalidInput
 from corral.mounts import check_name
 from corral.sandbox.limits import parse_size
 from corral.server import patterns
+from corral.server.openapi import document
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -74,3 +76,9 @@ def test_urls_that_cannot_be_fetched_do_not_match_and_are_refused(url: str) -> N
     assert not re.fullmatch(patterns.URL, url)
     with pytest.raises(InvalidInput):
         validate_url(url)
+
+
+def test_the_audit_kinds_the_document_names_are_those_the_log_takes() -> None:
+    audit = next(op for op in document()["paths"]["/v1/admin/audit"].values() if "parameters" in op)
+    [kind] = [param for param in audit["parameters"] if param["name"] == "kind"]
+    assert kind["schema"]["enum"] == list(KINDS)

@@ -7,8 +7,11 @@ a `ProtocolError` with the reply the client should get.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import h11
 
 from corral.egress.rules import literal_address, normalise_name
 
@@ -58,11 +61,17 @@ class Target:
 
 @dataclass(frozen=True)
 class HttpRequest:
-    """A parsed proxy request: CONNECT (a tunnel) or a plain-HTTP request to forward."""
+    """A parsed proxy request: CONNECT (a tunnel) or one plain-HTTP request to forward.
+
+    For a plain request, `upstream` is the request as the origin gets it (origin-form target,
+    hop-by-hop headers dropped, `Connection: close`), and `client` is the client's side of the
+    connection, past the request head: what reads the request's body and frames the answer.
+    """
 
     target: Target
     tunnel: bool
-    upstream_head: bytes = b""  # the request rewritten for the origin server (not CONNECT)
+    upstream: h11.Request | None = None
+    client: h11.Connection | None = None
 
 
 def parse_target(host: str, port: int) -> Target:
@@ -79,20 +88,27 @@ def parse_target(host: str, port: int) -> Target:
 
 
 def parse_http(head: bytes) -> HttpRequest:
-    """The request in `head` (everything up to and including the blank line)."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError as exc:  # pragma: no cover - latin-1 decodes any byte
-        raise ProtocolError("undecodable request") from exc
-    request_line, _, rest = text.partition("\r\n")
+    """The request in `head` (everything up to and including the blank line).
+
+    A head that another parser could read differently is refused rather than repaired: a bare
+    CR or LF, a folded line, two Host headers, two framings, two lengths.
+    """
+    if _BARE_LINE_END.search(head):
+        raise ProtocolError(
+            "a request head with a bare CR or LF is refused: end every line with CRLF"
+        )
+    request_line = head.partition(b"\r\n")[0].decode("latin-1")
     parts = request_line.split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise ProtocolError(f"malformed request line {request_line[:200]!r}")
-    method, target, version = parts
+    method, target, _ = parts
     if method == "CONNECT":
         host, port = _split_authority(target)
         return HttpRequest(parse_target(host, port), tunnel=True)
-    return _forward_request(method, target, version, rest)
+    return _forward_request(head)
+
+
+_BARE_LINE_END = re.compile(rb"\r(?!\n)|(?<!\r)\n")
 
 
 def _split_authority(authority: str) -> tuple[str, int]:
@@ -106,49 +122,73 @@ def _split_authority(authority: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _forward_request(method: str, target: str, version: str, rest: str) -> HttpRequest:
-    parts = urlsplit(target)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ProtocolError(
-            f"only CONNECT and absolute http:// URLs go through this proxy, not {target[:200]!r}"
-        )
-    try:
-        port = parts.port or 80
-    except ValueError as exc:
-        raise ProtocolError(f"bad port in {target[:200]!r}") from exc
-    target_host = parse_target(parts.hostname, port)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    header_lines = [line for line in rest.split("\r\n") if line]
-    _check_framing(header_lines)
-    authority = _check_host_header(header_lines, target_host)
-    lines = [f"{method} {path} {version}"]
-    if authority is None:
-        lines.append(f"Host: {parts.netloc}")
-    drop = HOP_BY_HOP | _connection_tokens(header_lines)
-    for line in header_lines:
-        if line.split(":", 1)[0].strip().lower().encode() not in drop:
-            lines.append(line)
-    lines.append("Connection: close")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return HttpRequest(target_host, tunnel=False, upstream_head=head)
-
-
-def _headers_named(header_lines: list[str], name: str) -> list[str]:
-    return [
-        line.partition(":")[2].strip()
-        for line in header_lines
-        if line.partition(":")[0].strip().lower() == name
+def _forward_request(head: bytes) -> HttpRequest:
+    if re.search(rb"\r\n[ \t]", head):
+        raise ProtocolError("a folded header line is refused: send each header on one line")
+    lines = head.split(b"\r\n")[1:]
+    written = [
+        (name.strip(), value.strip()) for name, _, value in (x.partition(b":") for x in lines)
     ]
+    _check_framing(written)  # first, in corral's words; h11 refuses the same and more
+    if len(_values(written, b"host")) > 1:
+        raise ProtocolError("a request with more than one Host header is refused")
+    client = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    client.receive_data(head)
+    try:
+        event = client.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise ProtocolError(f"malformed request: {exc}") from exc
+    if not isinstance(event, h11.Request):  # pragma: no cover - a whole head is one event
+        raise ProtocolError("malformed request")
+    target_text = event.target.decode("latin-1")
+    target, path, authority = _absolute_url(target_text)
+    fields = list(event.headers.raw_items())
+    host = _check_host_header(fields, target)
+    headers = [(b"Host", authority if host is None else host)]
+    headers += [(n, v) for n, v in end_to_end(fields) if n.lower() != b"host"]
+    headers.append((b"Connection", b"close"))
+    upstream = h11.Request(method=event.method, target=path, headers=headers)
+    return HttpRequest(target, tunnel=False, upstream=upstream, client=client)
 
 
-def _check_framing(header_lines: list[str]) -> None:
+def _absolute_url(text: str) -> tuple[Target, bytes, bytes]:
+    """The target, the origin-form path and the Host value of an absolute http:// URL.
+
+    Userinfo is refused (`http://a@b/` would otherwise reach b with a Host some servers read
+    as a), and so is any host `urlsplit` reads differently from the way it is written."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port or 80
+        hostname = parts.hostname
+    except ValueError as exc:
+        raise ProtocolError(f"bad host or port in {text[:200]!r}") from exc
+    if parts.scheme != "http" or not hostname:
+        raise ProtocolError(
+            f"only CONNECT and absolute http:// URLs go through this proxy, not {text[:200]!r}"
+        )
+    if "@" in parts.netloc or "\\" in parts.netloc:
+        raise ProtocolError(
+            f"a URL with a user name or password is refused ({text[:200]!r}): "
+            "send credentials in an Authorization header"
+        )
+    target = parse_target(hostname, port)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return target, path.encode("latin-1"), parts.netloc.encode("latin-1")
+
+
+Fields = list[tuple[bytes, bytes]]
+
+
+def _values(fields: Fields, name: bytes) -> list[bytes]:
+    return [value for field, value in fields if field.lower() == name]
+
+
+def _check_framing(fields: Fields) -> None:
     """One way to tell where the body ends, or the request is refused: a request with both
     Content-Length and Transfer-Encoding, or two lengths, is how requests are smuggled past
     a proxy (RFC 9112 6.3 lets an intermediary refuse it)."""
-    lengths = set(_headers_named(header_lines, "content-length"))
-    if lengths and _headers_named(header_lines, "transfer-encoding"):
+    lengths = {v.strip() for value in _values(fields, b"content-length") for v in value.split(b",")}
+    if lengths and _values(fields, b"transfer-encoding"):
         raise ProtocolError(
             "a request with both Content-Length and Transfer-Encoding is refused: send one"
         )
@@ -156,15 +196,13 @@ def _check_framing(header_lines: list[str]) -> None:
         raise ProtocolError("a request with more than one Content-Length is refused")
 
 
-def _check_host_header(header_lines: list[str], target: Target) -> str | None:
+def _check_host_header(fields: Fields, target: Target) -> bytes | None:
     """The request's Host header when it names the host the URL names (None when there is
     none); refused otherwise, so a request goes only to the site its URL names, never to
     another one behind the same address."""
-    hosts = _headers_named(header_lines, "host")
+    hosts = [value.decode("latin-1") for value in _values(fields, b"host")]
     if not hosts:
         return None
-    if len(hosts) > 1:
-        raise ProtocolError("a request with more than one Host header is refused")
     try:
         named = parse_target(*_host_and_port(hosts[0], target.port))
     except ProtocolError as exc:
@@ -174,7 +212,7 @@ def _check_host_header(header_lines: list[str], target: Target) -> str | None:
             f"the Host header names {hosts[0][:200]!r} but the URL names "
             f"{target.host}:{target.port}: a request goes only to the host its URL names"
         )
-    return hosts[0]
+    return hosts[0].encode("latin-1")
 
 
 def _host_and_port(value: str, default_port: int) -> tuple[str, int]:
@@ -190,14 +228,18 @@ def _host_and_port(value: str, default_port: int) -> tuple[str, int]:
     return host, int(port_text) if port_text else default_port
 
 
-def _connection_tokens(header_lines: list[str]) -> frozenset[bytes]:
-    """Header names the client's Connection header marks as hop-by-hop (RFC 9110 7.6.1)."""
+def _connection_tokens(fields: Fields) -> frozenset[bytes]:
+    """Header names a Connection header marks as hop-by-hop (RFC 9110 7.6.1)."""
     tokens: set[bytes] = set()
-    for line in header_lines:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "connection":
-            tokens.update(t.strip().lower().encode() for t in value.split(",") if t.strip())
+    for value in _values(fields, b"connection"):
+        tokens.update(t.strip().lower() for t in value.split(b",") if t.strip())
     return frozenset(tokens)
+
+
+def end_to_end(fields: Fields) -> Fields:
+    """`fields` without the hop-by-hop headers and those its Connection header names."""
+    drop = HOP_BY_HOP | _connection_tokens(fields)
+    return [(name, value) for name, value in fields if name.lower() not in drop]
 
 
 def http_reply(status: int, reason: str, body: str = "") -> bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.egress import protocol as p
+from corral.egress.forward import Exchange, forward
 from corral.egress.relay import bridge_streams
 from corral.egress.rules import Decision, IPAddress, Policy, decide, literal_address, should_resolve
 
@@ -85,6 +86,20 @@ class SessionEgress:
             "bytes_out": self.bytes_out,
             "bytes_in": self.bytes_in,
         }
+
+
+@dataclass(frozen=True)
+class _Meter:
+    """What a carried connection counts its bytes into, and how long it may stay silent."""
+
+    egress: SessionEgress
+    idle_timeout_s: float
+
+    def outbound(self, count: int) -> None:
+        self.egress.bytes_out += count
+
+    def inbound(self, count: int) -> None:
+        self.egress.bytes_in += count
 
 
 async def system_resolver(host: str, port: int) -> list[IPAddress]:
@@ -238,8 +253,15 @@ class EgressProxy:
             # The loop is shutting down: end this connection quietly (asyncio's stream
             # callback would otherwise log the cancellation as an error).
             return
-        except Exception:
-            log.exception("egress connection of session %s failed", egress.session_id)
+        except Exception as exc:
+            # One bounded line: a sandbox can make connections fail as often as it likes.
+            log.warning(
+                "egress connection of session %s failed: %s: %.200r",
+                egress.session_id,
+                type(exc).__name__,
+                str(exc),
+            )
+            log.debug("the failed egress connection's traceback", exc_info=True)
         finally:
             egress.active -= 1
             writer.close()
@@ -260,6 +282,11 @@ class EgressProxy:
         try:
             target = await client.read_target()
         except p.ProtocolError as exc:
+            log.info(
+                "egress: refused a malformed request of session %s: %.200r",
+                egress.session_id,
+                str(exc),
+            )
             await client.reject(exc)
             return
         await self._connect(egress, client, target)
@@ -293,8 +320,7 @@ class EgressProxy:
         tunnel = _Tunnel(target, decision.address, (client.writer, up_writer))
         egress.tunnels.add(tunnel)
         try:
-            egress.bytes_out += await client.connected(up_writer)
-            await self._relay(egress, client.reader, up_reader, up_writer, client.writer)
+            await client.carry(up_reader, up_writer, _Meter(egress, self.limits.idle_timeout_s))
         finally:
             egress.tunnels.discard(tunnel)
             up_writer.close()
@@ -313,28 +339,6 @@ class EgressProxy:
         except (OSError, TimeoutError):
             addresses = []
         return decide(policy, target.host, target.port, addresses)
-
-    async def _relay(
-        self,
-        egress: SessionEgress,
-        down: asyncio.StreamReader,
-        up: asyncio.StreamReader,
-        up_writer: asyncio.StreamWriter,
-        down_writer: asyncio.StreamWriter,
-    ) -> None:
-        def outbound(count: int) -> None:
-            egress.bytes_out += count
-
-        def inbound(count: int) -> None:
-            egress.bytes_in += count
-
-        await bridge_streams(
-            (down, down_writer),
-            (up, up_writer),
-            a_to_b=outbound,
-            b_to_a=inbound,
-            idle_timeout_s=self.limits.idle_timeout_s,
-        )
 
 
 def refusal_text(session_id: str, target: p.Target, decision: Decision) -> str:
@@ -384,8 +388,21 @@ class _Client(abc.ABC):
         """See the subclasses."""
 
     @abc.abstractmethod
-    async def connected(self, upstream: asyncio.StreamWriter) -> int:
-        """Tell the client the way is open (or send its request on); bytes sent upstream."""
+    async def connected(self) -> None:
+        """Tell the client the tunnel is open."""
+
+    async def carry(
+        self, up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, meter: _Meter
+    ) -> None:
+        """Open the way, then relay both directions until either side ends or goes idle."""
+        await self.connected()
+        await bridge_streams(
+            (self.reader, self.writer),
+            (up_reader, up_writer),
+            a_to_b=meter.outbound,
+            b_to_a=meter.inbound,
+            idle_timeout_s=meter.idle_timeout_s,
+        )
 
     async def _send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -430,13 +447,25 @@ class _HttpClient(_Client):
             )
         )
 
-    async def connected(self, upstream: asyncio.StreamWriter) -> int:
-        if self.request is None or self.request.tunnel:
-            await self._send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            return 0
-        upstream.write(self.request.upstream_head)
-        await upstream.drain()
-        return len(self.request.upstream_head)
+    async def connected(self) -> None:
+        await self._send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+    async def carry(
+        self, up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, meter: _Meter
+    ) -> None:
+        request = self.request
+        if request is None or request.upstream is None or request.client is None:
+            await super().carry(up_reader, up_writer, meter)
+            return
+        exchange = Exchange(
+            request.client,
+            (self.reader, self.writer),
+            (up_reader, up_writer),
+            meter.idle_timeout_s,
+            meter.outbound,
+            meter.inbound,
+        )
+        await forward(exchange, request.upstream)
 
 
 class _SocksClient(_Client):
@@ -486,6 +515,5 @@ class _SocksClient(_Client):
     async def unreachable(self, target: p.Target, address: IPAddress, error: Exception) -> None:
         await self._send(p.socks_reply(p.SOCKS_HOST_UNREACHABLE))
 
-    async def connected(self, upstream: asyncio.StreamWriter) -> int:
+    async def connected(self) -> None:
         await self._send(p.socks_reply(p.SOCKS_OK))
-        return 0

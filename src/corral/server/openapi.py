@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from corral import __version__
+from corral.audit import KINDS
 from corral.server import compat
 from corral.server import schemas as s
 from corral.server.admin import ARCHIVE_NAME, SkillAdded
@@ -22,7 +23,7 @@ PATH_Q: dict[str, Any] = {"type": "string", "minLength": 1}
 BOOL_Q: dict[str, Any] = {"type": "boolean"}
 ID_Q: dict[str, Any] = {"type": "string", "pattern": s.SESSION_ID_PATTERN}
 TEXT_Q: dict[str, Any] = {"type": "string"}
-KIND_Q: dict[str, Any] = {"type": "string", "enum": ["execution", "session", "admin", "network"]}
+KIND_Q: dict[str, Any] = {"type": "string", "enum": list(KINDS)}
 ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
 STATUS_Q: dict[str, Any] = {"type": "string", "enum": ["pending", "approved", "rejected"]}
 LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
