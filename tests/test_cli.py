@@ -144,4 +144,4 @@ def test_sessions_without_a_server_list_and_delete_from_the_state(  # type: igno
     assert deleted.returncode == 0, deleted.stderr
     assert json.loads(cli("sessions", "list", "--json").stdout) == []
     missing = cli("sessions", "delete", "--yes", "nope")
-    assert missing.returncode == 5 and "no session named 'nope'" in missing.stderr
+    assert missing.returncode == 5 and "Session 'nope' not found." in missing.stderr

@@ -114,7 +114,7 @@ async def test_a_call_refused_before_it_ran_has_a_failure_and_no_outcome() -> No
     execution = make(call)
     call.release.set()
     assert await execution.wait(10)
-    assert (execution.outcome(), execution.failure()) == (None, "no session named 'gone'")
+    assert (execution.outcome(), execution.failure()) == (None, "Session 'gone' not found.")
 
 
 async def test_a_cancelled_wait_for_the_result_leaves_the_execution_running() -> None:

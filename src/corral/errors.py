@@ -13,6 +13,7 @@
     │   └── FileNotFoundInWorkspace
     ├── Conflict                the request contradicts current state
     │   ├── SessionExists
+    │   ├── SessionClosed       a named session was stopped, on a route that does not resume
     │   ├── LimitRefused        (sandbox.boxes) the kernel refused a new limit
     │   ├── MountBusy           (kernels.projects) a folder is in use read-write
     │   ├── StateOwned          (owner) another process owns the state directory
@@ -70,7 +71,7 @@ class ExecutionNotFound(NotFound):
 
 class SessionNotFound(NotFound):
     def __init__(self, session_id: str) -> None:
-        super().__init__(f"no session named {session_id!r}")
+        super().__init__(f"Session {session_id!r} not found.")
         self.session_id = session_id
 
 
@@ -79,8 +80,22 @@ class Conflict(CorralError):
 
 
 class SessionExists(Conflict):
+    """An open session has this id (a stopped one is started again instead)."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"Session {session_id!r} already exists.")
+        self.session_id = session_id
+
+
+class SessionClosed(Conflict):
+    """A stopped session, asked for on a route that does not start it again (coderunner's)."""
+
     def __init__(self, session_id: str) -> None:
-        super().__init__(f"a session named {session_id!r} already exists")
+        super().__init__(
+            f"Session {session_id!r} is closed. Start it again to resume it with its files "
+            "and installed packages (start_python_session, or POST /v1/sessions/session), "
+            "or omit session_id to use the default session."
+        )
         self.session_id = session_id
 
 

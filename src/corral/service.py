@@ -38,6 +38,7 @@ from corral.kernels.sessions import (
     SessionInfo,
     SessionManager,
     validate_language,
+    validate_session_id,
 )
 from corral.owner import StateLock
 from corral.sandbox.limits import format_size
@@ -120,16 +121,19 @@ class Service:
         language: str = "python",
         timeout_s: float | None = None,
         actor: str = "agent",
+        resume: bool = True,
     ) -> Execution:
         """Start running code in a session (the default one when `session_id` is None).
 
         The request is checked first, before any kernel starts: the language, the session
-        (a named one must exist) and the timeout against that session's own limits; a
-        failed check raises here (`InvalidInput`, `SessionNotFound`). The call then queues
-        behind the session's earlier ones; its result is audited when it ends. See
-        `corral.execution` for events, cancel and a caller that goes away.
+        (a named one must exist; a stopped one is started again, or refused with
+        `SessionClosed` when `resume` is False, as coderunner's routes and the MCP tools
+        ask) and the timeout against that session's own limits; a failed check raises here
+        (`InvalidInput`, `SessionNotFound`, `SessionClosed`). The call then queues behind the
+        session's earlier ones; its result is audited when it ends. See `corral.execution`
+        for events, cancel and a caller that goes away.
         """
-        self._check_execution(session_id, language, timeout_s)
+        self._check_execution(session_id, language, timeout_s, resume)
 
         async def run(on_output: OutputHook | None) -> ExecutionResult:
             begun: list[str] = []
@@ -160,6 +164,7 @@ class Service:
                 timeout_s=timeout_s,
                 on_output=on_output,
                 before_send=journal_before_sending,
+                resume=resume,
             )
             for key in begun:
                 self._audit(
@@ -202,10 +207,16 @@ class Service:
         language: str = "python",
         timeout_s: float | None = None,
         actor: str = "agent",
+        resume: bool = True,
     ) -> ExecutionResult:
         """`start_execution`, then its result (for callers that need no events)."""
         execution = self.start_execution(
-            code, session_id=session_id, language=language, timeout_s=timeout_s, actor=actor
+            code,
+            session_id=session_id,
+            language=language,
+            timeout_s=timeout_s,
+            actor=actor,
+            resume=resume,
         )
         return await execution.result()
 
@@ -216,13 +227,13 @@ class Service:
         self.session_events.close()
 
     def _check_execution(
-        self, session_id: str | None, language: str, timeout_s: float | None
+        self, session_id: str | None, language: str, timeout_s: float | None, resume: bool
     ) -> None:
         """Raise now what running the code would refuse, before anything starts."""
         validate_language(language)
-        self.sessions.limits_for(timeout_s, self._execution_session(session_id))
+        self.sessions.limits_for(timeout_s, self._execution_session(session_id, resume))
 
-    def _execution_session(self, session_id: str | None) -> Session | None:
+    def _execution_session(self, session_id: str | None, resume: bool) -> Session | None:
         """The session a call would run in; None for the default one not made yet (it
         starts with the default limits), without making it."""
         if session_id is None:
@@ -231,7 +242,8 @@ class Service:
             except SessionNotFound:
                 return None
             session_id = DEFAULT_SESSION
-        return self.sessions.session_for(session_id)
+            resume = True  # the default session is always there to be used
+        return self.sessions.session_for(session_id, resume=resume)
 
     async def _wait_for_executions(self) -> None:
         """At close, after the kernels stopped: every call still held ends promptly (as
@@ -257,8 +269,10 @@ class Service:
     async def create_session(
         self, session_id: str | None = None, *, actor: str = "agent", mounts: Sequence[str] = ()
     ) -> SessionInfo:
+        """A new session, or a stopped one started again (audited as `started`)."""
+        known = self.sessions.sessions.get(validate_session_id(session_id)) if session_id else None
         info = await self.sessions.create(session_id, mounts=mounts)
-        self._audit_session(info.id, "created", actor)
+        self._audit_session(info.id, "started" if known is not None else "created", actor)
         return info
 
     async def start_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
@@ -269,11 +283,20 @@ class Service:
     def list_sessions(self) -> list[SessionInfo]:
         return self.sessions.list_sessions()
 
+    def active_sessions(self) -> list[SessionInfo]:
+        """coderunner's list: the open named sessions (not the default one), by id."""
+        listed = self.sessions.list_sessions()
+        return sorted((s for s in listed if s.open and s.id != DEFAULT_SESSION), key=_by_id)
+
     def get_session(self, session_id: str) -> SessionInfo:
         return self.sessions.get(session_id)
 
-    async def stop_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
-        info = await self.sessions.stop(session_id)
+    async def stop_session(
+        self, session_id: str, *, actor: str = "agent", only_open: bool = False
+    ) -> SessionInfo:
+        """Stop and close a session (`SessionNotFound` for a closed one with `only_open`,
+        as coderunner's stop answers)."""
+        info = await self.sessions.stop(session_id, only_open=only_open)
         self._audit_session(info.id, "stopped", actor)
         return info
 
@@ -527,3 +550,7 @@ def _size_of_file(workspace: Workspace, path: str) -> int:
     except CorralError:
         return 0
     return entry.size_bytes if entry.kind == "file" else 0
+
+
+def _by_id(info: SessionInfo) -> str:
+    return info.id

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from corral.config import Settings
-from corral.errors import InvalidInput, SessionExists, SessionNotFound, TooManySessions
+from corral.errors import (
+    InvalidInput,
+    SessionClosed,
+    SessionExists,
+    SessionNotFound,
+    TooManySessions,
+)
 from corral.kernels.sessions import validate_session_id
 from corral.service import Service
 from tests.wheels import tiny_wheel
@@ -28,7 +34,7 @@ def test_valid_session_ids_pass(good: str) -> None:
 
 
 async def test_unknown_session_is_a_clear_error(service: Service) -> None:
-    with pytest.raises(SessionNotFound, match="no session named 'ghost'"):
+    with pytest.raises(SessionNotFound, match="Session 'ghost' not found"):
         await service.execute("1", session_id="ghost")
     with pytest.raises(SessionNotFound):
         service.get_session("ghost")
@@ -75,8 +81,67 @@ async def test_maximum_number_of_running_sessions(settings: Settings) -> None:
         with pytest.raises(TooManySessions, match="maximum of 2"):
             await service.create_session("three")
         await service.stop_session("one")
-        await service.start_session("three")
+        await service.create_session("three")
         assert {s.id for s in service.list_sessions() if s.state == "idle"} == {"two", "three"}
+
+
+async def test_starting_a_stopped_session_resumes_it_with_its_files(service: Service) -> None:
+    await service.create_session("again")
+    await service.execute("open('/workspace/kept.txt','w').write('k'); v = 1", session_id="again")
+    await service.stop_session("again")
+    assert not service.get_session("again").open
+    resumed = await service.create_session("again")
+    assert resumed.open and resumed.state == "idle"
+    result = await service.execute(
+        "(open('/workspace/kept.txt').read(), 'v' in dir())", session_id="again"
+    )
+    assert result.results == [{"text/plain": "('k', False)"}]
+    with pytest.raises(SessionExists, match="already exists"):
+        await service.create_session("again")
+
+
+async def test_a_start_refused_by_the_cap_leaves_nothing(settings: Settings) -> None:
+    async with Service(replace(settings, max_sessions=1)) as service:
+        await service.create_session("one")
+        with pytest.raises(TooManySessions):
+            await service.create_session("two")
+        assert [s.id for s in service.list_sessions()] == ["one"]
+        assert not (settings.sessions_dir / "two").exists()
+        assert [r.id for r in service.sessions.store.all()] == ["one"]
+        await service.stop_session("one")
+        assert (await service.create_session("two")).open
+
+
+async def test_a_resume_refused_by_the_cap_keeps_the_session(settings: Settings) -> None:
+    async with Service(replace(settings, max_sessions=1)) as service:
+        await service.create_session("one")
+        await service.stop_session("one")
+        await service.create_session("two")
+        with pytest.raises(TooManySessions):
+            await service.create_session("one")
+        assert {s.id: s.open for s in service.list_sessions()} == {"one": False, "two": True}
+
+
+async def test_a_closed_session_is_refused_where_resuming_is_not_asked(service: Service) -> None:
+    await service.create_session("shut")
+    await service.stop_session("shut")
+    with pytest.raises(SessionClosed, match="Session 'shut' is closed"):
+        await service.execute("1", session_id="shut", resume=False)
+    with pytest.raises(SessionNotFound):
+        await service.execute("1", session_id="nobody-here", resume=False)
+    assert not service.get_session("shut").open
+    assert (await service.execute("1", session_id="shut")).status == "ok"  # corral's routes
+    assert service.get_session("shut").open
+
+
+async def test_an_idle_reap_keeps_a_session_open(settings: Settings) -> None:
+    async with Service(replace(settings, idle_timeout_s=0.5)) as service:
+        await service.create_session("nap")
+        service.sessions.sessions["nap"].record.last_used_at = time.time() - 10
+        assert await service.sessions.reap_idle() == ["nap"]
+        assert service.get_session("nap").open
+        result = await service.execute("1", session_id="nap", resume=False)
+        assert result.status == "ok"
 
 
 async def test_idle_timeout_stops_kernels_but_keeps_the_workspace(settings: Settings) -> None:
@@ -115,7 +180,7 @@ async def test_sessions_resume_after_a_server_restart_with_files_and_packages(
         await service.execute("open('/workspace/notes.txt','w').write('n')", session_id="keep")
     async with Service(settings) as again:
         listed = again.get_session("keep")
-        assert listed.state == "stopped"
+        assert listed.state == "stopped" and not listed.open
         result = await again.execute(
             "import corraltiny, pathlib\n"
             "(corraltiny.VALUE, pathlib.Path('/workspace/notes.txt').read_text())",

@@ -82,3 +82,42 @@ def test_created_session_without_id_gets_one(server: RunningServer) -> None:
         assert created.status_code == 201
         session_id = created.json()["session_id"]
         http.delete(f"/v1/sessions/{session_id}")
+
+
+def test_a_stopped_session_is_gone_from_coderunners_routes_until_started_again(
+    server: RunningServer,
+) -> None:
+    with server.client() as http:
+        assert http.post("/v1/sessions/session", json={"session_id": "compat-re"}).is_success
+        http.post(
+            "/execute", json={"code": "open('kept.txt','w').write('k')", "session_id": "compat-re"}
+        )
+        assert http.delete("/v1/sessions/session", params={"session_id": "compat-re"}).is_success
+        listed = http.get("/v1/sessions/session").json()["sessions"]
+        assert "compat-re" not in [s["session_id"] for s in listed]
+        got = http.get("/v1/sessions/session", params={"session_id": "compat-re"})
+        assert (got.status_code, got.json()) == (404, {"error": "Session 'compat-re' not found."})
+        again = http.delete("/v1/sessions/session", params={"session_id": "compat-re"})
+        assert (again.status_code, again.json()) == (
+            404,
+            {"error": "Session 'compat-re' not found."},
+        )
+        closed = http.post("/execute", json={"code": "1", "session_id": "compat-re"})
+        assert closed.status_code == 200 and closed.json()["stdout"] == ""
+        assert closed.json()["stderr"].startswith("Error: Session 'compat-re' is closed.")
+        resumed = http.post("/v1/sessions/session", json={"session_id": "compat-re"})
+        assert (resumed.status_code, resumed.json()["status"]) == (201, "active")
+        kept = http.post(
+            "/execute", json={"code": "print(open('kept.txt').read())", "session_id": "compat-re"}
+        )
+        assert kept.json()["stdout"] == "k\n"
+        http.delete("/v1/sessions/compat-re")
+
+
+def test_execute_in_an_unknown_session_answers_200_with_the_error_in_stderr(
+    server: RunningServer,
+) -> None:
+    with server.client() as http:
+        answer = http.post("/execute", json={"code": "1", "session_id": "compat-nobody"})
+        assert answer.status_code == 200
+        assert answer.json()["stderr"] == "Error: Session 'compat-nobody' not found."

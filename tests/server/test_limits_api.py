@@ -251,4 +251,4 @@ def test_corral_limits_set_needs_a_limit(server: RunningServer, sid: str) -> Non
 
 def test_corral_limits_show_of_an_unknown_session(server: RunningServer) -> None:
     code, text = corral(server, "limits", "show", "ghost-limits")
-    assert code == 1 and "no session named 'ghost-limits'" in text, text
+    assert code == 1 and "Session 'ghost-limits' not found." in text, text

@@ -252,8 +252,32 @@ async def test_stop_python_session_says_stopped(server: RunningServer) -> None:
     assert not stopped.is_error, text_of(stopped)
     body = structured(stopped)
     assert (body["session_id"], body["status"]) == (session_id, "stopped")
-    sessions = {view["session_id"]: view for view in structured(listed)["result"]}
-    assert sessions[session_id]["status"] == "stopped"
+    # coderunner lists the active sessions: a stopped one is gone from the list
+    assert session_id not in [view["session_id"] for view in structured(listed)["result"]]
+
+
+async def test_a_stopped_session_refuses_code_until_it_is_started_again(
+    server: RunningServer,
+) -> None:
+    async with connect(server) as client:
+        session_id = unique("mcp-again")
+        await client.call_tool("start_python_session", {"session_id": session_id})
+        await run(client, "open('kept.txt', 'w').write('k'); v = 1", session_id=session_id)
+        await client.call_tool("stop_python_session", {"session_id": session_id})
+        closed = await run(client, "print(1)", session_id=session_id)
+        again = await client.call_tool("stop_python_session", {"session_id": session_id})
+        started = await client.call_tool("start_python_session", {"session_id": session_id})
+        kept = await run(
+            client, "print(open('kept.txt').read(), 'v' in dir())", session_id=session_id
+        )
+        listed = await client.call_tool("list_python_sessions", {})
+        await client.call_tool("stop_python_session", {"session_id": session_id})
+    assert closed.is_error
+    assert text_of(closed).startswith(f"Error: Session {session_id!r} is closed. Start it again")
+    assert again.is_error and f"Session {session_id!r} not found." in text_of(again)
+    assert not started.is_error and structured(started)["status"] == "active"
+    assert text_of(kept).strip() == "k False"
+    assert session_id in [view["session_id"] for view in structured(listed)["result"]]
 
 
 async def test_an_invalid_session_id_is_an_error_result(server: RunningServer) -> None:
@@ -268,7 +292,7 @@ async def test_an_unknown_session_is_an_error_result(server: RunningServer) -> N
     async with connect(server) as client:
         result = await run(client, "print(1)", session_id=session_id)
     assert result.is_error
-    assert f"no session named {session_id!r}" in text_of(result)
+    assert f"Session {session_id!r} not found." in text_of(result)
 
 
 async def test_stopping_an_unknown_session_is_an_error_result(server: RunningServer) -> None:
@@ -276,7 +300,7 @@ async def test_stopping_an_unknown_session_is_an_error_result(server: RunningSer
     async with connect(server) as client:
         result = await client.call_tool("stop_python_session", {"session_id": session_id})
     assert result.is_error
-    assert f"no session named {session_id!r}" in text_of(result)
+    assert f"Session {session_id!r} not found." in text_of(result)
 
 
 async def test_starting_an_existing_session_is_an_error_result(server: RunningServer) -> None:

@@ -130,4 +130,4 @@ def test_corral_bridge_enable_and_disable(mounted: RunningServer, cleanup: list[
     code, text = corral(mounted, "bridge", "disable", "m-cli")
     assert (code, text) == (0, "session m-cli: SSH agent bridge disabled\n")
     code, text = corral(mounted, "bridge", "enable", "ghost")
-    assert code == 1 and "no session named 'ghost'" in text
+    assert code == 1 and "Session 'ghost' not found." in text

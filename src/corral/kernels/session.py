@@ -63,6 +63,7 @@ class SessionInfo:
     mounts: tuple[str, ...] = ()
     from_pool: bool = False  # its python kernel came ready from the warm pool
     queued: int = 0  # executions waiting for the one running to end
+    open: bool = False  # started and not stopped since (an idle stop keeps it open)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +75,7 @@ class SessionInfo:
             "mounts": list(self.mounts),
             "from_pool": self.from_pool,
             "queued": self.queued,
+            "open": self.open,
         }
 
 
@@ -104,6 +106,9 @@ class Session:
         self.from_pool = False
         self.waiting = 0  # executions queued behind `lock`
         self.notes: list[str] = []  # what happened to the session, told in the next result
+        # Started and not stopped since, in this server's life: coderunner's "active". An
+        # idle stop keeps it (the next call starts a kernel); `stop` and a restart end it.
+        self.open = False
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -163,4 +168,5 @@ class Session:
             mounts=tuple(self.options.get("mounts", ())),
             from_pool=self.from_pool,
             queued=self.waiting,
+            open=self.open,
         )

@@ -26,6 +26,7 @@ from corral.errors import (
     InvalidInput,
     KernelStartFailed,
     KernelUnreachable,
+    SessionClosed,
     SessionExists,
     SessionNotFound,
     ShuttingDown,
@@ -124,26 +125,54 @@ class SessionManager:
     ) -> SessionInfo:
         """A new session (a generated id when none is given), started unless `start` is False.
 
-        `mounts` names some of the operator's project mounts (never a path); raises
-        `InvalidInput` for one the operator did not configure.
+        Naming a stopped session starts it again (`resume`): coderunner's clients reuse an id
+        once its session is stopped. `mounts` names some of the operator's project mounts
+        (never a path); raises `InvalidInput` for one the operator did not configure,
+        `SessionExists` for a session that is open, and `TooManySessions` at the cap, which
+        leaves nothing behind.
         """
         session_id = validate_session_id(session_id) if session_id else new_session_id()
-        if session_id in self.sessions:
+        existing = self.sessions.get(session_id)
+        if existing is not None and not existing.open:
+            return await self.resume(existing, mounts)
+        if existing is not None:
             raise SessionExists(session_id)
         chosen = choose_mounts(mounts, self.factory.mounts)
-        session = await self._register(session_id)
-        if chosen:
-            session.options["mounts"] = chosen
-            await self.store.run(self.store.put_options, session_id, session.options)
         if start:
-            await self._ensure_kernel(session, "python")
+            self._check_capacity()
+        session = await self._register(session_id)
+        try:
+            if chosen:
+                session.options["mounts"] = chosen
+                await self.store.run(self.store.put_options, session_id, session.options)
+            if start:
+                await self._open(session)
+        except TooManySessions:  # another start took the last place meanwhile
+            await self._forget(session)
+            raise
+        return session.info()
+
+    async def resume(self, session: Session, mounts: Sequence[str] = ()) -> SessionInfo:
+        """Start a stopped session again: a fresh kernel, its files and packages kept."""
+        if mounts and list(mounts) != list(session.options.get("mounts", ())):
+            kept = ", ".join(session.options.get("mounts", ())) or "none"
+            raise SessionExists(
+                session.id,
+                f"session {session.id!r} exists with the mounts {kept}; start it again "
+                "without naming mounts, or choose another id",
+            )
+        await self._open(session)
         return session.info()
 
     async def start(self, session_id: str) -> SessionInfo:
         """Start a stopped session's python kernel again (same workspace and packages)."""
         session = self._get(session_id)
-        await self._ensure_kernel(session, "python")
+        await self._open(session)
         return session.info()
+
+    async def _open(self, session: Session) -> None:
+        await self._ensure_kernel(session, "python")
+        session.open = True
 
     def get(self, session_id: str) -> SessionInfo:
         return self._get(session_id).info()
@@ -151,9 +180,13 @@ class SessionManager:
     def list_sessions(self) -> list[SessionInfo]:
         return [session.info() for session in self.sessions.values()]
 
-    async def stop(self, session_id: str) -> SessionInfo:
-        """Stop the session's kernels; its workspace and packages stay for a later start."""
+    async def stop(self, session_id: str, *, only_open: bool = False) -> SessionInfo:
+        """Stop the session's kernels and close it; its workspace and packages stay for a
+        later start. With `only_open` (coderunner's stop), a closed session is not found."""
         session = self._get(session_id)
+        if only_open and not session.open:
+            raise SessionNotFound(session_id)
+        session.open = False
         await self.factory.stop_kernels(session)
         self._save(session)
         return session.info()
@@ -172,11 +205,15 @@ class SessionManager:
         """Stop the session and remove its workspace, packages and record."""
         session = self._get(session_id)
         await self.factory.stop_kernels(session)
+        await self._forget(session)
+
+    async def _forget(self, session: Session) -> None:
+        """Remove a session whose kernels are stopped: its record, folders and egress."""
         if self.factory.egress is not None:
-            await self.factory.egress.forget(session_id)
-        del self.sessions[session_id]
-        await self.store.run(self.store.delete, session_id)
-        shutil.rmtree(self.settings.sessions_dir / session_id, ignore_errors=True)
+            await self.factory.egress.forget(session.id)
+        self.sessions.pop(session.id, None)
+        await self.store.run(self.store.delete, session.id)
+        shutil.rmtree(self.settings.sessions_dir / session.id, ignore_errors=True)
 
     # -- execution -----------------------------------------------------------------------
 
@@ -189,15 +226,17 @@ class SessionManager:
         timeout_s: float | None = None,
         on_output: OutputHook | None = None,
         before_send: BeforeSend | None = None,
+        resume: bool = True,
     ) -> ExecutionResult:
         """Run `code` in the session (the default session when None), after earlier calls.
 
-        Creates the default session on first use; a named session must exist. `before_send`
-        is called once, just before the code goes to the kernel; what it raises stops the
-        call there, with nothing sent.
+        Creates the default session on first use; a named session must exist, and a stopped
+        one is started again, or refused (`SessionClosed`) when `resume` is False (what
+        coderunner's routes do). `before_send` is called once, just before the code goes to
+        the kernel; what it raises stops the call there, with nothing sent.
         """
         language = validate_language(language)
-        session = self.session_for(session_id)
+        session = self.session_for(session_id, resume=resume)
         queued = time.monotonic()
         async with session.turn():
             if self.closing:
@@ -225,6 +264,7 @@ class SessionManager:
         result = ExecutionResult(language=language, session_id=session.record.id)
         result.queued_s = time.monotonic() - queued
         restarted = await self._ensure_kernel(session, language)
+        session.open = True
         limits = self.limits_for(timeout_s, session)
         session.disk.begin()
         before = counters(session.box)
@@ -380,15 +420,21 @@ class SessionManager:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def session_for(self, session_id: str | None) -> Session:
-        """The named session, or the default one (registered on first use) for None."""
+    def session_for(self, session_id: str | None, *, resume: bool = True) -> Session:
+        """The named session, or the default one (registered on first use) for None.
+
+        Raises `SessionNotFound`, or `SessionClosed` for a named session that was stopped
+        when `resume` is False."""
         if session_id is None:
             if DEFAULT_SESSION not in self.sessions:
                 # Made on first use, anywhere: its record is stored without waiting (a
                 # refusal is logged, and it is stored again at its next change).
                 self.store.later(self.store.put, self._add(DEFAULT_SESSION))
             return self.sessions[DEFAULT_SESSION]
-        return self._get(session_id)
+        session = self._get(session_id)
+        if not resume and not session.open:
+            raise SessionClosed(session_id)
+        return session
 
     async def save_options(self, session: Session) -> None:
         """Store what the operator chose for `session` (limit changes, mounts, bridge)."""

@@ -26,9 +26,11 @@ from corral.server.rest import service_of
 from corral.server.schemas import CompatBrowserRequest, CompatExecuteRequest
 
 
-def session_view(info: SessionInfo, status: str | None = None) -> dict[str, Any]:
+def session_view(info: SessionInfo) -> dict[str, Any]:
+    """coderunner's shape: `active` while the session is open (even when its kernel was
+    stopped for idleness: the next call starts one), `stopped` once it was stopped."""
     created = datetime.datetime.fromtimestamp(info.created_at, datetime.UTC).isoformat()
-    shown = status or ("stopped" if info.state in ("stopped", "failed") else "active")
+    shown = "active" if info.open else "stopped"
     return {"session_id": info.id, "status": shown, "created_at": created}
 
 
@@ -47,7 +49,10 @@ async def execute(request: Request) -> Response:
             language=body.language,
             timeout_s=body.timeout,
             actor=role_of(request.scope).value,
+            resume=False,
         )
+    except (e.SessionNotFound, e.SessionClosed) as exc:  # coderunner answers these with 200
+        return _exec_failure(200, texts.failure_text(exc))
     except e.CorralError as exc:
         return _exec_failure(status_of(exc)[0], texts.failure_text(exc))
     seconds = round(result.duration_s, 6)
@@ -82,11 +87,13 @@ async def get_session(request: Request) -> Response:
     session_id = request.query_params.get("session_id")
     service = service_of(request)
     if session_id is None:
-        return JSONResponse({"sessions": [session_view(i) for i in service.list_sessions()]})
+        return JSONResponse({"sessions": [session_view(i) for i in service.active_sessions()]})
     return await _call(lambda: _got(service.get_session(session_id)))
 
 
 async def _got(info: SessionInfo) -> Response:
+    if not info.open:  # coderunner forgets a stopped session
+        raise e.SessionNotFound(info.id)
     return JSONResponse(session_view(info))
 
 
@@ -104,8 +111,9 @@ async def delete_session(request: Request) -> Response:
 
 
 async def _stopped(request: Request, session_id: str) -> Response:
-    info = await service_of(request).stop_session(session_id, actor=role_of(request.scope).value)
-    return JSONResponse(session_view(info, "stopped"))
+    actor = role_of(request.scope).value
+    info = await service_of(request).stop_session(session_id, actor=actor, only_open=True)
+    return JSONResponse(session_view(info))
 
 
 async def _call(action: Any) -> Response:

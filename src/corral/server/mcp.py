@@ -135,7 +135,11 @@ class _Tools:
         self, code: str, session_id: str | None, language: str, ctx: Context
     ) -> CallToolResult:
         try:
-            execution = self.service.start_execution(code, session_id=session_id, language=language)
+            # A stopped session is refused, not started again: MCP clients start and stop
+            # sessions themselves, as coderunner's do (SessionClosed says how to resume).
+            execution = self.service.start_execution(
+                code, session_id=session_id, language=language, resume=False
+            )
             result = await _with_progress(execution, ctx, self.service.settings.progress_interval_s)
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.
@@ -183,12 +187,12 @@ class _Tools:
         return SessionView(**session_view(info))
 
     async def list_python_sessions(self) -> SessionViews:
-        views = [SessionView(**session_view(i)) for i in self.service.list_sessions()]
-        return SessionViews(result=sorted(views, key=lambda view: view.session_id))
+        views = [SessionView(**session_view(i)) for i in self.service.active_sessions()]
+        return SessionViews(result=views)
 
     async def stop_python_session(self, session_id: str) -> SessionView:
-        info = await _tool_call(self.service.stop_session(session_id))
-        return SessionView(**session_view(info, "stopped"))
+        info = await _tool_call(self.service.stop_session(session_id, only_open=True))
+        return SessionView(**session_view(info))
 
     async def list_files(
         self, path: str = ".", session_id: str | None = None, recursive: bool = False

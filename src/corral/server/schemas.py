@@ -165,6 +165,11 @@ class SessionModel(BaseModel):
     queued: int = Field(
         ge=0, description="Executions waiting in the session's queue behind the running one."
     )
+    open: bool = Field(
+        description="Started and not stopped since (coderunner's 'active'). A session stopped "
+        "when idle stays open: its next call starts a kernel. `POST /v1/sessions/{id}/stop` "
+        "closes it; naming it in `POST /v1/sessions` opens it again with its files."
+    )
 
 
 class SessionList(BaseModel):
