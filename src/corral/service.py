@@ -31,7 +31,7 @@ from corral.execution import Execution
 from corral.executions import ExecutionRegistry
 from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.execute import OutputHook
-from corral.kernels.results import ExecutionResult
+from corral.kernels.results import ExecutionResult, NetRefusal
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
     Session,
@@ -498,6 +498,9 @@ class Service:
 
     def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
         self.browser.note_decision(session_id, target, decision)
+        if not decision.allowed:
+            where = f"{target.host}:{target.port}"
+            self.sessions.note_refusal(session_id, NetRefusal(where, target.host, decision.rule))
         self._audit(
             "record",
             kind="network",

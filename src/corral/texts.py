@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError, NotFound
-from corral.kernels.results import ExecutionResult
+from corral.kernels.results import ExecutionResult, refusal_note
 from corral.skills.catalog import SOURCES, SkillEntry, SkillFile, SkillInfo, SkillListing
 
 NO_OUTPUT = "[Execution successful with no output]"
@@ -21,15 +21,16 @@ _IMAGE_TYPES = ("image/png", "image/jpeg")
 # -- execution -----------------------------------------------------------------------------
 
 
-def result_text(result: ExecutionResult) -> str:
-    """coderunner's text for a result: the output and text results, or its no-output marker."""
+def result_text(result: ExecutionResult, *, with_stderr: bool = False) -> str:
+    """coderunner's text for a result: the output (and stderr, which coderunner's kernel
+    merges into it, when asked) and text results, or its no-output marker."""
     # A figure's text/plain is only its repr ("<Figure size ...>"): the image says more.
     texts = [
         bundle["text/plain"]
         for bundle in result.results
         if "text/plain" in bundle and not any(m.startswith("image/") for m in bundle)
     ]
-    text = result.stdout + "".join(texts)
+    text = result.stdout + (result.stderr if with_stderr else "") + "".join(texts)
     return text or NO_OUTPUT
 
 
@@ -45,11 +46,16 @@ def error_text(result: ExecutionResult) -> str | None:
 
 def tool_text(result: ExecutionResult) -> str:
     """The text of an execute tool's answer: the result text, or output then the error; a
-    result with only images says how many (the images follow as their own content)."""
+    result with only images says how many (the images follow as their own content). What
+    the egress proxy refused meanwhile, and how to ask for it, follows."""
+    return _then(_tool_text(result), _refusals(result))
+
+
+def _tool_text(result: ExecutionResult) -> str:
     failure = error_text(result)
     if failure is not None:
         return result.stdout + result.stderr + failure
-    text = result_text(result)
+    text = result_text(result, with_stderr=True)
     images = sum(1 for bundle in result.results for mime in _IMAGE_TYPES if mime in bundle)
     if images and text == NO_OUTPUT:
         return f"[Execution successful: {images} image(s)]"
@@ -57,11 +63,25 @@ def tool_text(result: ExecutionResult) -> str:
 
 
 def compat_output(result: ExecutionResult) -> tuple[str, str]:
-    """`POST /execute`'s stdout and stderr: the result text, or the error after stderr."""
+    """`POST /execute`'s stdout and stderr: the result text, or the error after stderr; what
+    the proxy refused at the end of stderr."""
     failure = error_text(result)
     if failure is None:
-        return result_text(result), result.stderr
-    return result.stdout, result.stderr + failure
+        return result_text(result), _then(result.stderr, _refusals(result))
+    return result.stdout, _then(result.stderr + failure, _refusals(result))
+
+
+def _refusals(result: ExecutionResult) -> str:
+    if not result.network_refused:
+        return ""
+    return "[corral] " + refusal_note(result.network_refused, result.session_id)
+
+
+def _then(text: str, note: str) -> str:
+    """`note` on a line of its own after `text`."""
+    if not note or not text:
+        return text + note
+    return text + ("" if text.endswith("\n") else "\n") + note
 
 
 def failure_text(exc: CorralError) -> str:

@@ -121,3 +121,21 @@ def test_execute_in_an_unknown_session_answers_200_with_the_error_in_stderr(
         answer = http.post("/execute", json={"code": "1", "session_id": "compat-nobody"})
         assert answer.status_code == 200
         assert answer.json()["stderr"] == "Error: Session 'compat-nobody' not found."
+
+
+def test_execute_names_what_the_proxy_refused_in_stderr(server: RunningServer) -> None:
+    code = (
+        "import urllib.request\n"
+        "try:\n"
+        "    urllib.request.urlopen('http://example.com/', timeout=20)\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__)\n"
+    )
+    with server.client() as http:
+        answer = http.post("/execute", json={"code": code}).json()
+    assert answer["stdout"] == "HTTPError\n"
+    assert (
+        "The network policy refused example.com:80 (mode none: this session has no network)"
+        in answer["stderr"]
+    )
+    assert "request_network_access" in answer["stderr"]

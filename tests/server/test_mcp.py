@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -170,6 +171,70 @@ async def test_structured_content_is_the_whole_result(server: RunningServer) -> 
     assert body["error"] is None and body["language"] == "python"
 
 
+async def test_structured_content_carries_coderunners_result_beside_corrals_fields(
+    server: RunningServer,
+) -> None:
+    async with connect(server) as client:
+        result = await run(client, "print('out')\n7")
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    body = structured(result)
+    assert body["result"] == text_of(result) == "out\n7"
+    assert body["status"] == "ok" and body["stdout"] == "out\n"
+    schema = tools["execute_python_code"].output_schema
+    assert schema is not None and "result" in schema["properties"]
+    assert "result" in schema["required"]
+
+
+@pytest.mark.parametrize(
+    ("code", "shown"),
+    [
+        ("import sys; print('to stderr', file=sys.stderr)", "to stderr"),
+        ("import warnings; warnings.warn('careful')", "UserWarning: careful"),
+        ("import logging; logging.warning('logged')", "WARNING:root:logged"),
+    ],
+)
+async def test_what_the_code_wrote_to_stderr_reaches_the_model(
+    server: RunningServer, code: str, shown: str
+) -> None:
+    async with connect(server) as client:
+        result = await run(client, code)
+    assert not result.is_error
+    assert shown in text_of(result)
+    assert "[Execution successful with no output]" not in text_of(result)
+
+
+REFUSED_FETCH = (
+    "import urllib.request\n"
+    "try:\n"
+    "    urllib.request.urlopen('http://example.com/', timeout=20)\n"
+    "except Exception as error:\n"
+    "    print(type(error).__name__)\n"
+)
+
+
+async def test_a_request_the_proxy_refused_is_named_with_how_to_ask(
+    server: RunningServer,
+) -> None:
+    async with connect(server) as client, named_session(client, "mcp-refused") as session_id:
+        result = await run(client, REFUSED_FETCH, session_id=session_id)
+        quiet = await run(client, "print(1)", session_id=session_id)
+    text = text_of(result)
+    assert text.startswith("HTTPError\n[corral] "), text
+    assert (
+        "The network policy refused example.com:80 (mode none: this session has no network)" in text
+    )
+    assert "request_network_access" in text and "'example.com'" in text
+    refused = structured(result)["network_refused"]
+    assert refused == [
+        {
+            "target": "example.com:80",
+            "host": "example.com",
+            "rule": "mode none: this session has no network",
+        }
+    ]
+    assert structured(quiet)["network_refused"] == [] and "refused" not in text_of(quiet)
+
+
 async def test_structured_content_of_an_exception_names_it(server: RunningServer) -> None:
     async with connect(server) as client:
         result = await run(client, "1 / 0")
@@ -187,6 +252,10 @@ async def test_a_plot_comes_back_as_a_png_image(server: RunningServer) -> None:
     assert images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data).startswith(PNG_MAGIC)
     assert "<Figure" not in text_of(result)
+    # The bytes are sent once: the structured result names the image instead of repeating it.
+    assert images[0].data not in json.dumps(structured(result))
+    [bundle] = [b for b in structured(result)["results"] if "image/png" in b]
+    assert bundle["image/png"] == "[sent as image content 1]"
 
 
 async def test_a_long_execution_reports_progress(server: RunningServer) -> None:

@@ -60,6 +60,18 @@ def _fitting(blocks: list[str], room: int) -> list[str]:
     return kept
 
 
+MAX_REFUSALS = 20  # kept per execution, the first ones
+
+
+@dataclass(frozen=True)
+class NetRefusal:
+    """A connection the egress proxy refused while the code ran: `target` is host:port."""
+
+    target: str
+    host: str
+    rule: str
+
+
 @dataclass
 class ExecutionError:
     """An exception the code raised, as the kernel reported it (ANSI codes stripped)."""
@@ -96,6 +108,7 @@ class ExecutionResult:
     kernel_restarted: bool = False
     limit: Limit | None = None
     message: str | None = None
+    network_refused: list[NetRefusal] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -114,4 +127,17 @@ class ExecutionResult:
             parts.append("\n".join(self.error.traceback) + "\n")
         if self.message:
             parts.append(f"[corral] {self.message}\n")
+        if self.network_refused:
+            parts.append(f"[corral] {refusal_note(self.network_refused, self.session_id)}\n")
         return "".join(parts)
+
+
+def refusal_note(refused: list[NetRefusal], session_id: str) -> str:
+    """What the model and the person read about refused connections, and how to ask."""
+    shown = ", ".join(f"{r.target} ({r.rule})" for r in refused)
+    hosts = sorted({r.host for r in refused})
+    return (
+        f"The network policy refused {shown}. Only the operator can allow it; ask with "
+        f"request_network_access(hosts={hosts!r}, reason=...), or they can run "
+        f"'corral net allow {session_id} {' '.join(hosts)}'."
+    )

@@ -18,6 +18,7 @@ from typing import Any
 
 from corral.errors import InvalidInput
 from corral.kernels.kernel import SandboxedKernel
+from corral.kernels.results import MAX_REFUSALS, NetRefusal
 from corral.kernels.run import SessionRun
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.disk import DiskWatch
@@ -109,6 +110,9 @@ class Session:
         # Started and not stopped since, in this server's life: coderunner's "active". An
         # idle stop keeps it (the next call starts a kernel); `stop` and a restart end it.
         self.open = False
+        # Connections the egress proxy refused during the running execution (None between
+        # executions), for its result.
+        self.refused: list[NetRefusal] | None = None
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -134,6 +138,12 @@ class Session:
         """Every process of the session's sandboxes (host pids), from its limit box."""
         box = self.box
         return box.processes() if box is not None else []
+
+    def note_refusal(self, refusal: NetRefusal) -> None:
+        """Keep a refused connection for the running execution's result (once, bounded)."""
+        refused = self.refused
+        if refused is not None and refusal not in refused and len(refused) < MAX_REFUSALS:
+            refused.append(refusal)
 
     @property
     def id(self) -> str:

@@ -38,7 +38,7 @@ from corral.kernels.factory import EgressSockets, KernelFactory
 from corral.kernels.limit_hits import attribute_limit, counters
 from corral.kernels.pool import WarmPool
 from corral.kernels.projects import choose_mounts
-from corral.kernels.results import ExecutionResult
+from corral.kernels.results import ExecutionResult, NetRefusal
 from corral.kernels.session import DEFAULT_SESSION as DEFAULT_SESSION
 from corral.kernels.session import Session as Session
 from corral.kernels.session import SessionInfo as SessionInfo
@@ -268,6 +268,7 @@ class SessionManager:
         limits = self.limits_for(timeout_s, session)
         session.disk.begin()
         before = counters(session.box)
+        session.refused = []
         try:
             outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
         except KernelUnreachable:
@@ -275,6 +276,8 @@ class SessionManager:
             await self._replace_kernel(session, language)
             restarted = True
             outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
+        finally:
+            result.network_refused, session.refused = session.refused or [], None
         session.disk.ended()
         outcome.result.limit = outcome.result.limit or session.disk.stopped()
         attribute_limit(outcome.result, before, counters(session.box), session.limits)
@@ -419,6 +422,12 @@ class SessionManager:
             await self.reap_idle()
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def note_refusal(self, session_id: str, refusal: NetRefusal) -> None:
+        """A connection the proxy refused for `session_id`, for its running execution."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.note_refusal(refusal)
 
     def session_for(self, session_id: str | None, *, resume: bool = True) -> Session:
         """The named session, or the default one (registered on first use) for None.

@@ -25,7 +25,7 @@ from corral.execution import Execution
 from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
 from corral.server.compat import session_view
-from corral.server.schemas import ExecutionResultModel, FileListing, PageModel
+from corral.server.schemas import FileListing, PageModel, ToolExecutionModel
 from corral.service import Service
 from corral.store import NetRequest
 
@@ -123,12 +123,12 @@ class _Tools:
 
     async def execute_python_code(
         self, command: str, ctx: Context, session_id: str | None = None
-    ) -> Annotated[CallToolResult, ExecutionResultModel]:
+    ) -> Annotated[CallToolResult, ToolExecutionModel]:
         return await self._execute(command, session_id, "python", ctx)
 
     async def execute_shell_command(
         self, command: str, ctx: Context, session_id: str | None = None
-    ) -> Annotated[CallToolResult, ExecutionResultModel]:
+    ) -> Annotated[CallToolResult, ToolExecutionModel]:
         return await self._execute(command, session_id, "bash", ctx)
 
     async def _execute(
@@ -292,8 +292,24 @@ def execution_content(result: ExecutionResult) -> CallToolResult:
     ]
     text = texts.tool_text(result)
     blocks: list[ContentBlock] = [TextContent(type="text", text=text), *images]
-    structured = ExecutionResultModel.model_validate(result.to_dict()).model_dump(mode="json")
+    fields = {**result.to_dict(), "result": text, "results": _images_named(result.results)}
+    structured = ToolExecutionModel.model_validate(fields).model_dump(mode="json")
     return CallToolResult(content=blocks, structured_content=structured)
+
+
+def _images_named(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bundles with each image's bytes replaced by its place among the image contents:
+    a client that feeds structured content to the model would otherwise send them twice."""
+    named: list[dict[str, Any]] = []
+    count = 0
+    for bundle in bundles:
+        shown = dict(bundle)
+        for mime in ("image/png", "image/jpeg"):
+            if mime in shown:
+                count += 1
+                shown[mime] = f"[sent as image content {count}]"
+        named.append(shown)
+    return named
 
 
 async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> ExecutionResult:

@@ -182,6 +182,12 @@ class ExecutionErrorModel(BaseModel):
     traceback: list[str]
 
 
+class NetRefusalModel(BaseModel):
+    target: str = Field(description="host:port the code tried to reach.")
+    host: str
+    rule: str = Field(description="Why the policy refused it.")
+
+
 class ExecutionResultModel(BaseModel):
     status: Literal["ok", "error", "timeout", "interrupted", "died"]
     stdout: str
@@ -202,6 +208,23 @@ class ExecutionResultModel(BaseModel):
         description="The session limit that stopped or cut the code, if one did."
     )
     message: str | None
+    network_refused: list[NetRefusalModel] = Field(
+        description="Connections the egress proxy refused while the code ran (at most 20): "
+        "ask the operator with request_network_access."
+    )
+
+
+class ToolExecutionModel(ExecutionResultModel):
+    """An execute tool's structured result: coderunner's `result` beside corral's fields."""
+
+    result: str = Field(
+        description="coderunner's text of the result, the same as the text content: the "
+        "output, stderr and text results, or the error."
+    )
+    results: list[dict[str, Any]] = Field(
+        description="MIME bundles, in order; an image's bytes are not repeated here but "
+        "named ('[sent as image content N]'): they come once, as image content."
+    )
 
 
 class ExecutionModel(BaseModel):
