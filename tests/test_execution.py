@@ -18,6 +18,8 @@ from corral.errors import SessionNotFound
 from corral.execution import Event, Execution, event_of
 from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult
+from corral.server.progress import report_progress
+from tests.waiting import until
 
 
 class StandIn:
@@ -180,3 +182,43 @@ async def test_recent_text_takes_the_text_since_the_last_look_and_keeps_the_even
     await execution.result()
     assert execution.recent_text(3) == "ree"
     assert [n async for n, _ in execution.events()] == [1, 2, 3, 4]  # all still kept
+
+
+class Progress:
+    """What an MCP context's `report_progress` was told."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[float, str | None]] = []
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        self.notes.append((progress, message))
+
+
+async def test_output_is_reported_as_it_arrives_not_at_the_next_tick() -> None:
+    call = StandIn([("stream", {"name": "stdout", "text": "first line\n"})])
+    execution = make(call)
+    progress = Progress()
+    reporting = asyncio.create_task(report_progress(execution, progress, every_s=3600, gap_s=0.01))
+    await until(lambda: progress.notes, "a note with the first output")
+    call.release.set()
+    assert (await reporting).stdout == "done\n"
+    assert len(progress.notes) == 1
+    elapsed, message = progress.notes[0]
+    assert elapsed >= 0 and message is not None
+    assert message.startswith("still running (") and message.endswith("\nfirst line\n")
+
+
+async def test_a_silent_run_is_reported_each_tick_with_its_elapsed_time() -> None:
+    call = StandIn([])
+    execution = make(call)
+    progress = Progress()
+    reporting = asyncio.create_task(report_progress(execution, progress, every_s=0.05, gap_s=0.01))
+    await until(lambda: len(progress.notes) >= 3, "three notes")
+    call.release.set()
+    await reporting
+    elapsed = [note[0] for note in progress.notes]
+    assert elapsed == sorted(elapsed) and all(
+        "still running" in (n[1] or "") for n in progress.notes
+    )

@@ -65,7 +65,7 @@ class Settings:
     browser_max_concurrent: int = 2  # fetches running at once; more wait their turn
     browser_memory_bytes: int = 2048 * MIB
     browser_chromium: str | None = None  # the Chromium to run; default: the system's
-    progress_interval_s: float = 5.0
+    progress_interval_s: float = 1.0  # between progress notes of a silent run
     net_default: str = "none"  # the network mode of new sessions: none, allowlist or public
     net_allow: str = ""  # the allowlist of new sessions, comma-separated
     net_elicitation: bool = False  # let a human approve access requests in the MCP client

@@ -24,6 +24,7 @@ What happens when the caller goes away is decided here, once:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -129,6 +130,15 @@ class EventLog:
             if not fresh:
                 await changed.wait()
 
+    async def wait_past(self, number: int, timeout_s: float) -> None:
+        """Until an event numbered past `number` is kept or the log closes, or `timeout_s`
+        passes."""
+        changed = self._changed
+        if len(self._events) > number or self.closed or timeout_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout_s)
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -188,6 +198,12 @@ class Execution:
             self._recent = fresh[-1][0]
         text = "".join(e.text for _, e in fresh if e.kind in ("stdout", "stderr"))
         return text[-max_chars:]
+
+    async def wait_for_output(self, timeout_s: float) -> bool:
+        """Until output arrived that `recent_text` has not passed, the execution ended, or
+        `timeout_s` passed; True when it has ended."""
+        await self.log.wait_past(self._recent, timeout_s)
+        return self.done
 
     def outcome(self) -> ExecutionResult | None:
         """The result once it ended with one; None while running or for a call that was

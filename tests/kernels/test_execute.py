@@ -93,6 +93,19 @@ async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
     assert result.stdout.split() == ["hi", "/workspace"]
 
 
+async def test_coderunners_upload_folder_is_the_workspace(sandbox: Service) -> None:
+    # coderunner's prompts and test scripts name /app/uploads; here it is the workspace.
+    await sandbox.execute("open('/app/uploads/from-python.txt', 'w').write('p')")
+    shell = await sandbox.execute(
+        "cat /workspace/from-python.txt; echo; echo x > /app/uploads/from-bash.txt\n"
+        "readlink /app/uploads",
+        language="bash",
+    )
+    assert shell.stdout.split() == ["p", "/workspace"], shell.text()
+    back = await sandbox.execute("open('/workspace/from-bash.txt').read()")
+    assert back.results == [{"text/plain": "'x\\n'"}]
+
+
 async def test_bash_failure_is_an_error_result(sandbox: Service) -> None:
     result = await sandbox.execute("ls /does-not-exist", session_id="probe", language="bash")
     assert result.status == "error"

@@ -118,6 +118,34 @@ async def test_every_tool_has_an_input_and_an_output_schema(server: RunningServe
         assert tool.output_schema is not None and tool.output_schema["type"] == "object", tool.name
 
 
+READ_ONLY_TOOLS = {
+    "list_python_sessions",
+    "list_files",
+    "read_file",
+    "list_skills",
+    "get_skill_info",
+    "get_skill_file",
+    "navigate_and_get_all_visible_text",
+}
+
+
+async def test_every_tool_and_parameter_is_described_for_a_model(server: RunningServer) -> None:
+    async with connect(server) as client:
+        tools = (await client.list_tools()).tools
+    for tool in tools:
+        assert tool.annotations is not None and tool.annotations.title, tool.name
+        properties = tool.input_schema["properties"]
+        undescribed = [name for name, schema in properties.items() if not schema.get("description")]
+        assert undescribed == [], (tool.name, undescribed)
+    hints = {tool.name: tool.annotations for tool in tools if tool.annotations is not None}
+    assert {name for name, hint in hints.items() if hint.read_only_hint} == READ_ONLY_TOOLS
+    assert hints["stop_python_session"].destructive_hint is True
+    assert hints["start_python_session"].destructive_hint is False
+    execute = next(tool for tool in tools if tool.name == "execute_python_code")
+    described = execute.input_schema["properties"]["session_id"]["description"]
+    assert "default session" in described and "start_python_session" in described
+
+
 async def test_execute_python_code_takes_coderunners_parameters(server: RunningServer) -> None:
     async with connect(server) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}

@@ -91,7 +91,7 @@ def default_policy(
         proc_masked_dirs=dirs,
         empty_dir=identity_dir / "empty",
         system=system,
-        symlinks=links,
+        symlinks=(*links, Symlink(WORKSPACE, CODERUNNER_UPLOADS)),
         tmpfs=(
             Tmpfs("/tmp", tmp_size_bytes, 0o1777),
             # bwrap's /dev is an unsized tmpfs (half the host's memory): shm gets its own.
@@ -133,6 +133,8 @@ def egress_launcher(runtime: PythonRuntime) -> list[str]:
     return [runtime.sandbox_python, SANDBOX_FORWARDER, SANDBOX_EGRESS_SOCKET, "--"]
 
 
+# coderunner keeps its files in /app/uploads; its prompts and scripts name that path.
+CODERUNNER_UPLOADS = "/app/uploads"
 EGRESS_SOCKET_NAME = "egress.sock"
 SANDBOX_EGRESS_DIR = "/run/corral-egress"
 SANDBOX_EGRESS_SOCKET = f"{SANDBOX_EGRESS_DIR}/{EGRESS_SOCKET_NAME}"

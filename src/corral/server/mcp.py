@@ -21,16 +21,35 @@ from pydantic import BaseModel
 from corral import __version__, texts
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError
-from corral.execution import Execution
 from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
 from corral.server.compat import session_view
+from corral.server.progress import report_progress
 from corral.server.schemas import FileListing, PageModel, ToolExecutionModel
+from corral.server.tooldocs import (
+    TOOLS,
+    Base64Encoded,
+    FileContent,
+    FilePath,
+    FolderPath,
+    Hosts,
+    Mounts,
+    NewSessionId,
+    PageUrl,
+    PythonCode,
+    Reason,
+    Recursive,
+    Screenshot,
+    SessionId,
+    ShellCommand,
+    SkillFile,
+    SkillName,
+    StopSessionId,
+)
 from corral.service import Service
 from corral.store import NetRequest
 
 MAX_TEXT_FILE_BYTES = 1_000_000
-PROGRESS_TEXT_CHARS = 4000  # of new output in one progress notice
 INSTRUCTIONS = (
     "corral runs code in sandboxed, persistent Jupyter kernels. Variables persist per session; "
     "files live in /workspace. Omit session_id to use the default session. The sandbox has no "
@@ -57,64 +76,9 @@ def build_mcp(service: Service) -> MCPServer:
     """An MCP server whose tools call `service`."""
     mcp = MCPServer("corral", version=__version__, instructions=INSTRUCTIONS)
     tools = _Tools(service)
-    for name, description in TOOLS:
-        mcp.tool(name=name, description=description)(getattr(tools, name))
+    for name, (description, hints) in TOOLS.items():
+        mcp.tool(name=name, description=description, annotations=hints)(getattr(tools, name))
     return mcp
-
-
-TOOLS: tuple[tuple[str, str], ...] = (
-    (
-        "execute_python_code",
-        "Run Python code in a persistent sandboxed kernel and return its "
-        "output, results and any error. Plots come back as images.",
-    ),
-    (
-        "execute_shell_command",
-        "Run a bash command in the session's sandbox (same /workspace "
-        "and installed packages as the Python kernel).",
-    ),
-    (
-        "start_python_session",
-        "Start a new session (optionally with a chosen id, and with some of the operator's "
-        "project mounts by name, shown at /workspace/NAME) and return it.",
-    ),
-    ("list_python_sessions", "List the sessions and their state."),
-    ("stop_python_session", "Stop a session's kernels; its files and packages are kept."),
-    ("list_files", "List files in the session's /workspace."),
-    ("read_file", "Read a text file from the session's /workspace."),
-    (
-        "write_file",
-        "Write a text file into the session's /workspace (parents are created). One call "
-        "carries at most 4 MiB (about 3 MiB of base64 content); the workspace limit applies.",
-    ),
-    (
-        "list_skills",
-        "List the available skills (folders of instructions and scripts for PDF, Word, Excel, "
-        "PowerPoint, image work and more), public and the user's own.",
-    ),
-    (
-        "get_skill_info",
-        "Read a skill's SKILL.md: what it does and the exact commands to run its scripts in "
-        "the sandbox (skills are at /opt/corral/skills, read-only).",
-    ),
-    (
-        "get_skill_file",
-        "Read another file of a skill (for example a script or EXAMPLES.md) by its path "
-        "inside the skill folder.",
-    ),
-    (
-        "navigate_and_get_all_visible_text",
-        "Load a web page (http or https) in a sandboxed browser and return all its visible "
-        "text. With screenshot=true the page is also returned as an image. Only public "
-        "addresses are reachable unless the operator allows more.",
-    ),
-    (
-        "request_network_access",
-        "Ask the operator to let this session reach some hosts "
-        "(domains, *.domain, host:port, or presets such as pypi). Grants nothing by itself: the "
-        "operator approves or rejects it.",
-    ),
-)
 
 
 class _Tools:
@@ -122,12 +86,12 @@ class _Tools:
         self.service = service
 
     async def execute_python_code(
-        self, command: str, ctx: Context, session_id: str | None = None
+        self, command: PythonCode, ctx: Context, session_id: SessionId = None
     ) -> Annotated[CallToolResult, ToolExecutionModel]:
         return await self._execute(command, session_id, "python", ctx)
 
     async def execute_shell_command(
-        self, command: str, ctx: Context, session_id: str | None = None
+        self, command: ShellCommand, ctx: Context, session_id: SessionId = None
     ) -> Annotated[CallToolResult, ToolExecutionModel]:
         return await self._execute(command, session_id, "bash", ctx)
 
@@ -140,7 +104,8 @@ class _Tools:
             execution = self.service.start_execution(
                 code, session_id=session_id, language=language, resume=False
             )
-            result = await _with_progress(execution, ctx, self.service.settings.progress_interval_s)
+            every_s = self.service.settings.progress_interval_s
+            result = await report_progress(execution, ctx, every_s=every_s)
         except CorralError as exc:
             # coderunner's form: the text starts with "Error:"; the flag tells clients too.
             return CallToolResult(
@@ -154,7 +119,7 @@ class _Tools:
     async def list_skills(self) -> str:
         return texts.skills_text(await self.service.list_skills())
 
-    async def get_skill_info(self, skill_name: str) -> Annotated[CallToolResult, str]:
+    async def get_skill_info(self, skill_name: SkillName) -> Annotated[CallToolResult, str]:
         try:
             info = await self.service.skill_info(skill_name)
         except CorralError as exc:
@@ -162,7 +127,7 @@ class _Tools:
         return _text_result(texts.skill_info_text(info))
 
     async def get_skill_file(
-        self, skill_name: str, filename: str
+        self, skill_name: SkillName, filename: SkillFile
     ) -> Annotated[CallToolResult, str]:
         try:
             file = await self.service.skill_text_file(skill_name, filename)
@@ -171,7 +136,7 @@ class _Tools:
         return _text_result(texts.skill_file_text(file))
 
     async def navigate_and_get_all_visible_text(
-        self, url: str, screenshot: bool = False
+        self, url: PageUrl, screenshot: Screenshot = False
     ) -> Annotated[CallToolResult, PageModel]:
         try:
             page = await self.service.fetch_page(url, screenshot=screenshot)
@@ -181,7 +146,7 @@ class _Tools:
         return page_content(page)
 
     async def start_python_session(
-        self, session_id: str | None = None, mounts: list[str] | None = None
+        self, session_id: NewSessionId = None, mounts: Mounts = None
     ) -> SessionView:
         info = await _tool_call(self.service.create_session(session_id, mounts=mounts or ()))
         return SessionView(**session_view(info))
@@ -190,19 +155,19 @@ class _Tools:
         views = [SessionView(**session_view(i)) for i in self.service.active_sessions()]
         return SessionViews(result=views)
 
-    async def stop_python_session(self, session_id: str) -> SessionView:
+    async def stop_python_session(self, session_id: StopSessionId) -> SessionView:
         info = await _tool_call(self.service.stop_session(session_id, only_open=True))
         return SessionView(**session_view(info))
 
     async def list_files(
-        self, path: str = ".", session_id: str | None = None, recursive: bool = False
+        self, path: FolderPath = ".", session_id: SessionId = None, recursive: Recursive = False
     ) -> FileListing:
         listing: Listing = _sync_tool_call(
             lambda: self.service.list_files(session_id, path, recursive=recursive)
         )
         return FileListing.model_validate(listing.to_dict())
 
-    async def read_file(self, path: str, session_id: str | None = None) -> str:
+    async def read_file(self, path: FilePath, session_id: SessionId = None) -> str:
         data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
         if len(data) > MAX_TEXT_FILE_BYTES:
             raise ToolError(
@@ -215,7 +180,7 @@ class _Tools:
             return "[binary file, base64]\n" + base64.b64encode(data).decode()
 
     async def request_network_access(
-        self, hosts: list[str], reason: str, ctx: Context, session_id: str | None = None
+        self, hosts: Hosts, reason: Reason, ctx: Context, session_id: SessionId = None
     ) -> NetworkRequestView:
         made: NetRequest = await _tool_call(
             self.service.request_network_access(session_id, hosts, reason)
@@ -254,7 +219,11 @@ class _Tools:
         return made
 
     async def write_file(
-        self, path: str, content: str, session_id: str | None = None, base64_encoded: bool = False
+        self,
+        path: FilePath,
+        content: FileContent,
+        session_id: SessionId = None,
+        base64_encoded: Base64Encoded = False,
     ) -> WriteResult:
         data = _decode_content(content, base64_encoded)
         entry: FileEntry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
@@ -310,25 +279,6 @@ def _images_named(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 shown[mime] = f"[sent as image content {count}]"
         named.append(shown)
     return named
-
-
-async def _with_progress(execution: Execution, ctx: Context, every_s: float) -> ExecutionResult:
-    """Await the execution, telling the client every `every_s` that it is still running,
-    with the output that arrived since the last notice (at most `PROGRESS_TEXT_CHARS`).
-
-    The output is looked at only when a notice is due (`Execution.recent_text`): following
-    every event with a task of its own cost each call about 15% of its MCP round trip."""
-    elapsed = 0.0
-    while not await execution.wait(every_s):
-        elapsed += every_s
-        text = execution.recent_text(PROGRESS_TEXT_CHARS)
-        await ctx.report_progress(progress=elapsed, message=_progress_note(elapsed, text))
-    return await execution.result()
-
-
-def _progress_note(elapsed_s: float, text: str) -> str:
-    note = f"still running ({elapsed_s:g} s elapsed)"
-    return f"{note}\n{text}" if text else note
 
 
 def _refused(text: str) -> CallToolResult:
