@@ -21,7 +21,7 @@ from corral.skills import PUBLIC_DIR, user_dir
 from tests.server.conftest import RunningServer
 from tests.server.test_mcp import connect, text_of
 
-PUBLIC = ["docx", "images", "pdf", "pptx", "xlsx"]
+PUBLIC = ["docx", "image-crop-rotate", "images", "pdf", "pdf-text-replace", "pptx", "xlsx"]
 SKILL_MD = "---\nname: {name}\ndescription: A test skill.\n---\n\n# {name}\n\nRun it.\n"
 
 
@@ -130,7 +130,7 @@ async def test_the_mcp_tools_answer_in_coderunners_words(server: RunningServer) 
             )
         )
         unknown = text_of(await client.call_tool("get_skill_info", {"skill_name": "nope"}))
-    assert listed.startswith("Available Skills:\n\nPublic Skills (5):\n")
+    assert listed.startswith(f"Available Skills:\n\nPublic Skills ({len(PUBLIC)}):\n")
     assert listed.endswith(
         "Use get_skill_info(skill_name) to read documentation for a specific skill."
     )

@@ -12,7 +12,15 @@ from corral.skills import PUBLIC_DIR
 from corral.skills.catalog import SkillCatalog
 from corral.texts import skill_error_text, skill_file_text, skill_info_text, skills_text
 
-SHIPPED = ("docx", "images", "pdf", "pptx", "xlsx")
+SHIPPED = (
+    "docx",
+    "image-crop-rotate",
+    "images",
+    "pdf",
+    "pdf-text-replace",
+    "pptx",
+    "xlsx",
+)
 RULE = "=" * 80
 
 
@@ -69,7 +77,7 @@ def by_name(catalog: SkillCatalog) -> dict[tuple[str, str], str | None]:
 # -- listing --------------------------------------------------------------------------------
 
 
-def test_the_five_shipped_skills_are_listed_without_problems(tmp_path: Path) -> None:
+def test_the_shipped_skills_are_listed_without_problems(tmp_path: Path) -> None:
     entries = SkillCatalog(PUBLIC_DIR, tmp_path / "none").list()
     assert [(e.name, e.source, e.problem) for e in entries] == [
         (name, "public", None) for name in SHIPPED
@@ -80,9 +88,11 @@ def test_the_five_shipped_skills_are_listed_without_problems(tmp_path: Path) -> 
 def test_list_text_has_coderunners_shape(tmp_path: Path) -> None:
     text = skills_text(SkillCatalog(PUBLIC_DIR, tmp_path / "none").listing())
     lines = text.splitlines()
-    assert lines[:3] == ["Available Skills:", "", "Public Skills (5):"]
-    assert [line.split(":")[0] for line in lines[3:8]] == [f"  - {name}" for name in SHIPPED]
-    assert lines[8:] == [
+    count = len(SHIPPED)
+    assert lines[:3] == ["Available Skills:", "", f"Public Skills ({count}):"]
+    shown = lines[3 : 3 + count]
+    assert [line.split(":")[0] for line in shown] == [f"  - {name}" for name in SHIPPED]
+    assert lines[3 + count :] == [
         "",
         "User Skills (0):",
         "  (none)",

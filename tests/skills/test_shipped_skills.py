@@ -20,7 +20,7 @@ from docx import Document
 from openpyxl import load_workbook  # type: ignore[import-untyped]
 from PIL import Image
 from pptx import Presentation
-from pypdf import PdfReader
+from pypdf import PdfReader, PdfWriter
 from reportlab.pdfgen import canvas
 
 from corral.service import Service
@@ -294,3 +294,62 @@ async def test_images_resize_crop_rotate_convert(svc: Service) -> None:
     }
     info = await run(svc, "images", "image_ops.py", "info img/photo.jpg")
     assert info == "JPEG 300x200 RGB\n"
+
+
+# -- coderunner's skills, by its names --------------------------------------------------------
+
+
+def filled_form_pdf(values: dict[str, str]) -> bytes:
+    """`form_pdf` with its fields filled (appearances kept by the viewer's redraw)."""
+    writer = PdfWriter(clone_from=PdfReader(io.BytesIO(form_pdf())))
+    writer.update_page_form_field_values(writer.pages[0], values, auto_regenerate=False)
+    buffer = io.BytesIO()
+    writer.write(buffer)
+    return buffer.getvalue()
+
+
+async def test_pdf_text_replace_changes_the_form_values_that_hold_the_text(svc: Service) -> None:
+    upload(svc, "cr/f.pdf", filled_form_pdf({"name": "ADA KING", "city": "KING'S LYNN"}))
+    out = await run(
+        svc,
+        "pdf-text-replace",
+        "replace_text_in_pdf.py",
+        "cr/f.pdf 'KING' 'BYRON' cr/out.pdf",
+    )
+    assert "2 of 2 fields changed" in out, out
+    fields = PdfReader(download(svc, "cr/out.pdf")).get_fields() or {}
+    assert {name: field.get("/V") for name, field in fields.items()} == {
+        "name": "ADA BYRON",
+        "city": "BYRON'S LYNN",
+    }
+
+
+async def test_pdf_text_replace_says_when_the_text_is_not_in_any_field(svc: Service) -> None:
+    upload(svc, "cr/f.pdf", filled_form_pdf({"name": "ADA", "city": "LONDON"}))
+    script = f"{SANDBOX_PUBLIC}/pdf-text-replace/scripts/replace_text_in_pdf.py"
+    result = await svc.execute(
+        f"python {script} cr/f.pdf PARIS ROME cr/none.pdf; echo rc=$?",
+        session_id=SESSION,
+        language="bash",
+    )
+    assert "no form field holds 'PARIS'" in result.text() and "rc=1" in result.stdout
+    assert (
+        "none.pdf" not in (await svc.execute("ls cr", session_id=SESSION, language="bash")).stdout
+    )
+
+
+async def test_image_crop_rotate_keeps_the_centre_half_and_turns_it_clockwise(
+    svc: Service,
+) -> None:
+    image = Image.new("RGB", (200, 100), "white")
+    image.paste((255, 0, 0), (50, 25, 100, 75))  # the centre's left half is red
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    upload(svc, "cr/photo.png", buffer.getvalue())
+    out = await run(svc, "image-crop-rotate", "crop_and_rotate.py", "cr/photo.png cr/done.png")
+    assert "200x100 -> 100x50 -> 50x100" in out, out
+    with Image.open(download(svc, "cr/done.png")) as done:
+        assert done.size == (50, 100)
+        # Clockwise: the crop's left (red) half becomes the top half.
+        assert done.getpixel((25, 20)) == (255, 0, 0)
+        assert done.getpixel((25, 80)) == (255, 255, 255)
