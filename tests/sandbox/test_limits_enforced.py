@@ -386,7 +386,11 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
     assert result.message is not None and "the workspace holds at most 64 MiB" in result.message
 
     progress = json.loads(limited.read_file("lim-fill", "progress.json"))
-    late_s = progress["last"] - progress["crossed"]
+    if progress["crossed"] is None:
+        # Stopped a little before the room measured earlier was written (the session's own
+        # folders grew meanwhile, or blocks were counted ahead): never late, never far short.
+        assert progress["bytes"] >= WORKSPACE - held - 8 * MIB, (progress, held)
+    late_s = progress["last"] - (progress["crossed"] or progress["last"])
     rate = progress["bytes"] / (progress["last"] - progress["start"])
     used = disk_usage([info.workspace])
     # Bounded in time, so in bytes by what this host writes in that time (one file in flight).
