@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy src
+	$(VENV)/bin/mypy
 
 # Three workers: most tests wait on kernels and sandboxes rather than compute, so on two
 # cores three at a time halve the run (one worker used about 0.3 of a core). The slowest

@@ -1,4 +1,6 @@
-"""`python -m bench [--quick]`: run the benchmarks, print Markdown, write bench/results/."""
+"""`python -m bench [--quick | --smoke]`: run the benchmarks, print Markdown, write
+bench/results/. `--smoke` measures every row once or twice with tiny sizes: it shows that
+the bench runs (the suite runs it), never what corral's figures are."""
 
 from __future__ import annotations
 
@@ -34,6 +36,27 @@ QUICK = Plan(
     egress_blocks=2,
     disk_runs=2,
 )
+SMOKE = Plan(
+    cold_runs=1,
+    cold_warmup=0,
+    pool_runs=1,
+    pool_warmup=0,
+    rt_runs=2,
+    rt_warmup=1,
+    memory_sessions=1,
+    settle_s=0.1,
+    fleet_sessions=2,
+    concurrency=(1, 2),
+    conc_execs=2,
+    conc_rounds=1,
+    egress_mib=1,
+    egress_downloads=1,
+    egress_download_warmup=0,
+    egress_connections=2,
+    egress_connect_warmup=0,
+    egress_blocks=1,
+    disk_runs=1,
+)
 # Command-line option (without the dashes) for each count of the plan it can override.
 COUNTS = {
     "cold_runs": "cold starts per side",
@@ -52,7 +75,11 @@ COUNTS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line: --quick, optional counts overriding the plan, the results folder."""
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="few runs, for iterating")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--quick", action="store_true", help="few runs, for iterating")
+    modes.add_argument(
+        "--smoke", action="store_true", help="every row once or twice, tiny sizes: does it run?"
+    )
     for name, text in COUNTS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=_positive, help=text)
     parser.add_argument(
@@ -90,7 +117,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
 
     Raises `ValueError` when the counts do not fit together (see `Plan`).
     """
-    plan = QUICK if args.quick else Plan()
+    plan = SMOKE if args.smoke else QUICK if args.quick else Plan()
     overrides = {name: getattr(args, name) for name in (*COUNTS, "concurrency")}
     return replace(plan, **{key: value for key, value in overrides.items() if value is not None})
 
@@ -114,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log("bench: interrupted; kernels stopped and temporary directories removed")
         return 130
-    config = run_config(plan, quick=args.quick, total_s=time.perf_counter() - started)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    config = run_config(plan, mode=mode, total_s=time.perf_counter() - started)
     metrics = build_metrics(samples, plan)
     markdown = markdown_report(system, config, metrics, notes(plan, metrics))
     paths = write_results(args.results_dir, results_document(system, config, metrics), markdown)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -47,7 +47,7 @@ async def _stream(one: Callable[[], Awaitable[float]], count: int) -> list[float
     return [await one() for _ in range(count)]
 
 
-async def run_round(streams: list[Callable[[], Awaitable[list[float]]]]) -> Round:
+async def run_round(streams: Sequence[Callable[[], Awaitable[list[float]]]]) -> Round:
     """Run every stream at once; their latencies and the wall time of all of them."""
     started = time.perf_counter()
     latencies = await asyncio.gather(*(stream() for stream in streams))

@@ -102,7 +102,7 @@ async def served_session(workdir: Path, run_root: Path, port: int) -> AsyncItera
     try:
         async with Service(settings) as service:
             await service.create_session(SESSION_ID)
-            service.set_network(SESSION_ID, "allowlist", [f"{ORIGIN_HOST}:{port}"])
+            await service.set_network(SESSION_ID, "allowlist", [f"{ORIGIN_HOST}:{port}"])
             yield service
     finally:
         shutil.rmtree(settings.state_dir, ignore_errors=True)

@@ -68,7 +68,7 @@ def _panel(axes: Axes, metric: Metric) -> None:
 
 
 def _title(system: dict[str, Any], config: dict[str, Any]) -> str:
-    mode = "quick" if config["quick"] else "full"
+    mode = config["mode"]
     return (
         f"corral latency distributions (empirical CDF), {system['date']}, {mode} run\n"
         f"{system['uname']}, {system['cpu_model']}, {system['cpu_cores']} cores"

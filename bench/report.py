@@ -218,7 +218,7 @@ def markdown_report(
         f"- Machine: `{system['uname']}`, {system['cpu_model']}, {core_text}, "
         f"{system['memory_gib']:g} GiB",
         f"- Python: {system['python']}",
-        f"- Mode: {'quick' if config['quick'] else 'full'}; total run {config['total_s']:.0f} s",
+        f"- Mode: {config['mode']}; total run {config['total_s']:.0f} s",
         f"- Load average (1, 5, 15 min): {_loads(system['load_average_start'])} at the start, "
         f"{_loads(config['load_average_end'])} at the end",
         "",

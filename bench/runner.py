@@ -69,11 +69,12 @@ async def _sessions(workdir: Path, roots: BaselineRoots, plan: Plan) -> dict[str
     return samples
 
 
-def run_config(plan: Plan, *, quick: bool, total_s: float) -> dict[str, Any]:
-    """The plan as recorded in the results, with the mode, the run's wall time and the load
-    average at its end."""
+def run_config(plan: Plan, *, mode: str, total_s: float) -> dict[str, Any]:
+    """The plan as recorded in the results, with the mode (full, quick or smoke), the run's
+    wall time and the load average at its end."""
     return {
-        "quick": quick,
+        "mode": mode,
+        "quick": mode != "full",
         **asdict(plan),
         "total_s": round(total_s, 1),
         "load_average_end": load_average(),

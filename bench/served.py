@@ -162,6 +162,8 @@ async def rest_execute(client: KeepAliveClient, session_id: str, code: str) -> d
     status, result = await client.post(f"/v1/sessions/{session_id}/execute", {"code": code})
     if status != 200:
         raise RuntimeError(f"REST {code!r} answered {status}: {result}")
+    if not isinstance(result, dict):
+        raise RuntimeError(f"REST {code!r} answered {result!r}, not a result")
     if result["status"] != "ok" or result["kernel_restarted"]:
         raise RuntimeError(f"REST {code!r} ended {result['status']}: {result['message']}")
     return result
