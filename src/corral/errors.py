@@ -24,6 +24,7 @@
     │   └── TooLarge            an upload, file or request body past its cap
     ├── ServerRefused           (CLI) the running server refused a call; its message
     ├── FetchFailed             a browser fetch reached no page (refused, unreachable, failed)
+    │   ├── FetchRefused        ... the browsing policy refused the page's own host
     │   └── FetchTimedOut       ... or ran past its time limit
     └── SandboxError            corral itself could not do its job (never the user's code)
         ├── SandboxUnavailable  bwrap, user namespaces or seccomp are missing or refused
@@ -196,6 +197,10 @@ class BodyTimedOut(CorralError):
 class FetchFailed(CorralError):
     """A browser fetch reached no page: refused by the browsing policy, unreachable, or the
     browser failed. The message says which."""
+
+
+class FetchRefused(FetchFailed):
+    """The browsing policy refused the page's own host: the operator's to change."""
 
 
 class FetchTimedOut(FetchFailed):

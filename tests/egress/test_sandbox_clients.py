@@ -1,8 +1,8 @@
 """Every common client through the proxy, as a sandboxed program uses it, and each request on
 a kept-alive connection judged for its own host.
 
-Host-side servers bind 127.0.0.2 (see tests/loopback.py). One service and one session serve
-the module; each test sets the policy it needs first.
+Host-side servers bind 127.0.0.2 (see tests/loopback.py). The module has a service and a
+session of its own (test_sandbox_network's `net` fixture); each test sets its policy first.
 """
 
 from __future__ import annotations
@@ -11,20 +11,19 @@ import contextlib
 import http.server
 import json
 import shutil
-import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from corral.kernels.results import ExecutionResult
 from corral.service import Service
-from tests.conftest import make_settings
+from tests.egress.test_sandbox_network import allow_only, net, py, sh
 from tests.loopback import HOST, serve, serve_directory
 
-SID = "clients"
+__all__ = ["net"]  # the fixture this module borrows
+
 HELLO = "hello from the host\n"
 REFUSED = "corral refused"
 
@@ -96,30 +95,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     (root / "corraltiny").write_text(json.dumps(packument))
     with serve_directory(root) as port, serve_directory(root) as other:
         yield Site(port, other)
-
-
-@pytest.fixture(scope="module")
-async def net(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service]:
-    run = Path(tempfile.mkdtemp(prefix="crc", dir="/tmp"))
-    settings = make_settings(tmp_path_factory.mktemp("clients") / "state", run)
-    try:
-        async with Service(settings) as service:
-            await service.create_session(SID)
-            yield service
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
-
-
-async def sh(service: Service, script: str) -> ExecutionResult:
-    return await service.execute(script, session_id=SID, language="bash", timeout_s=90)
-
-
-async def py(service: Service, code: str) -> ExecutionResult:
-    return await service.execute(code, session_id=SID, timeout_s=90)
-
-
-async def allow_only(service: Service, *ports: int) -> None:
-    await service.set_network(SID, "allowlist", [f"{HOST}:{port}" for port in ports])
 
 
 def value(result: ExecutionResult) -> str:

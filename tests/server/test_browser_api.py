@@ -89,12 +89,15 @@ def test_fetch_of_a_file_url_is_422_saying_why(browsing: RunningServer) -> None:
     }
 
 
-def test_fetch_of_the_servers_own_port_is_502_naming_it(browsing: RunningServer) -> None:
+def test_fetch_the_policy_refuses_is_403_naming_it(browsing: RunningServer) -> None:
+    # A refusal by policy is the client's to resolve (the message says how); 502 is kept for
+    # a page that could not be loaded.
     with browsing.client() as http:
         response = http.post("/v1/browser/fetch", json={"url": own_url(browsing)})
-    assert response.status_code == 502, response.text
+    assert response.status_code == 403, response.text
     error = response.json()["error"]
-    assert error["code"] == "fetch_failed"
+    assert error["code"] == "browsing_refused"
+    assert "CORRAL_BROWSER_NET" in error["message"]
     assert f"the browsing policy refused 127.0.0.1:{browsing.settings.port}" in error["message"]
 
 

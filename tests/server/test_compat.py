@@ -139,3 +139,17 @@ def test_execute_names_what_the_proxy_refused_in_stderr(server: RunningServer) -
         in answer["stderr"]
     )
     assert "request_network_access" in answer["stderr"]
+
+
+def test_a_session_body_that_is_not_an_object_is_refused_and_starts_nothing(
+    server: RunningServer,
+) -> None:
+    with server.client() as http:
+        before = http.get("/v1/sessions").json()["sessions"]
+        for body in ([None, None], "s1", 7):
+            answer = http.post("/v1/sessions/session", json=body)
+            assert answer.status_code == 400, answer.text
+            assert answer.json() == {
+                "error": 'The body must be a JSON object, such as {"session_id": "s1"}, or empty.'
+            }
+        assert http.get("/v1/sessions").json()["sessions"] == before

@@ -190,6 +190,17 @@ def test_files_upload_list_download_delete(server: RunningServer, sid: str) -> N
         assert http.get(f"/v1/sessions/{sid}/files").json()["entries"] == []
 
 
+def test_an_empty_path_is_refused_and_no_body_writes_an_empty_file(
+    server: RunningServer, sid: str
+) -> None:
+    with server.client() as http:
+        listed = http.get(f"/v1/sessions/{sid}/files", params={"path": ""})
+        assert listed.status_code == 400, listed.text
+        assert "use '.' for /workspace" in listed.json()["error"]["message"]
+        put = http.put(f"/v1/sessions/{sid}/files/content", params={"path": "empty.txt"})
+        assert (put.status_code, put.json()["size_bytes"]) == (201, 0)
+
+
 @pytest.mark.parametrize("path", ["../escape.txt", "/etc/passwd", "a/../../x", "link/x"])
 def test_paths_that_escape_are_refused(server: RunningServer, sid: str, path: str) -> None:
     with server.client() as http:

@@ -27,7 +27,13 @@ from corral.config import Settings
 from corral.egress.network import BROWSER_PREFIX, Network
 from corral.egress.protocol import Target
 from corral.egress.rules import Decision
-from corral.errors import FetchFailed, FetchTimedOut, InvalidInput, SandboxUnavailable
+from corral.errors import (
+    FetchFailed,
+    FetchRefused,
+    FetchTimedOut,
+    InvalidInput,
+    SandboxUnavailable,
+)
 from corral.kernels.factory import KernelFactory
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.limits import Limits
@@ -265,7 +271,7 @@ class Browser:
 
     def _result(self, url: str, answer: dict[str, Any], refused: list[str]) -> PageResult:
         if "error" in answer:
-            raise FetchFailed(_failure(url, str(answer["error"]), refused))
+            raise _failure(url, str(answer["error"]), refused)
         refused = list(refused)
         result = PageResult(
             requested_url=url,
@@ -283,7 +289,7 @@ class Browser:
         )
         final = _host_port(result.url)
         if result.status == 403 and any(r.startswith(f"{final} ") for r in refused):
-            raise FetchFailed(_failure(result.url, "refused by the browsing policy", refused))
+            raise _failure(result.url, "refused by the browsing policy", refused)
         return result
 
 
@@ -297,20 +303,21 @@ def _host_port(url: str) -> str:
     return f"{parts.hostname or ''}:{port}"
 
 
-def _failure(url: str, error: str, refused: list[str]) -> str:
-    """The sentence for a fetch that reached no page: the page's own refusal first."""
+def _failure(url: str, error: str, refused: list[str]) -> FetchFailed:
+    """The error for a fetch that reached no page: `FetchRefused` when the browsing policy
+    refused the page's own host, saying how to change it; else `FetchFailed`."""
     target = _host_port(url)
     own = [r for r in refused if r.startswith(f"{target} ")]
     if own:
-        return (
+        return FetchRefused(
             f"could not load {url}: the browsing policy refused {own[0]}; the operator can "
             "change it with CORRAL_BROWSER_NET / CORRAL_BROWSER_ALLOW"
         )
     if refused:
-        return (
+        return FetchFailed(
             f"could not load {url}: {error} (the browsing policy refused {', '.join(refused[:5])})"
         )
-    return f"could not load {url}: {error}"
+    return FetchFailed(f"could not load {url}: {error}")
 
 
 def _png(encoded: object) -> bytes | None:

@@ -25,6 +25,8 @@ from corral.server.errors import status_of
 from corral.server.rest import service_of
 from corral.server.schemas import CompatBrowserRequest, CompatExecuteRequest
 
+NOT_AN_OBJECT = 'The body must be a JSON object, such as {"session_id": "s1"}, or empty.'
+
 
 def session_view(info: SessionInfo) -> dict[str, Any]:
     """coderunner's shape: `active` while the session is open (even when its kernel was
@@ -74,8 +76,9 @@ async def create_session(request: Request) -> Response:
         body = json.loads(await request.body() or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error(400, "Invalid JSON body.")
-    session_id = body.get("session_id") if isinstance(body, dict) else None
-    return await _call(lambda: _created(request, session_id))
+    if not isinstance(body, dict):
+        return _error(400, NOT_AN_OBJECT)
+    return await _call(lambda: _created(request, body.get("session_id")))
 
 
 async def _created(request: Request, session_id: str | None) -> Response:

@@ -36,6 +36,7 @@ STATUSES: tuple[tuple[type[e.CorralError], int, str], ...] = (
     (e.StorageFull, 507, "storage_full"),
     (e.CapacityExceeded, 429, "capacity_exceeded"),
     (e.FetchTimedOut, 504, "fetch_timed_out"),
+    (e.FetchRefused, 403, "browsing_refused"),
     (e.FetchFailed, 502, "fetch_failed"),
     (e.ShuttingDown, 503, "shutting_down"),
     (e.SandboxUnavailable, 503, "sandbox_unavailable"),

@@ -18,7 +18,26 @@ from corral.server import schemas as s
 from corral.server.admin import ARCHIVE_NAME, SkillAdded
 
 JSON = "application/json"
-STREAM_MEDIA = ("text/event-stream", "application/x-ndjson")
+# One server-sent event (OpenAPI 3.1 has a stream's schema describe each event): its kind,
+# its number and the event itself as a JSON object.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data", "event"],
+    "properties": {
+        "event": {"type": "string", "description": "The event's kind."},
+        "id": {"type": "string", "description": "The event's number, `seq`."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The event as a JSON object: `seq`, `kind` and its details.",
+        },
+        "retry": {"type": "integer"},
+    },
+}
+NDJSON_STREAM: dict[str, Any] = {
+    "type": "string",
+    "description": "One JSON object per line, the same objects as the SSE events' data.",
+}
 PATH_Q: dict[str, Any] = {"type": "string", "minLength": 1}
 BOOL_Q: dict[str, Any] = {"type": "boolean"}
 ID_Q: dict[str, Any] = {"type": "string", "pattern": s.SESSION_ID_PATTERN}
@@ -179,11 +198,12 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "PUT",
         "/v1/sessions/{id}/files/content",
-        "Upload a workspace file (raw body)",
+        "Upload a workspace file (raw body; none writes an empty file)",
         ok=(201, s.FileEntryModel),
         query=(("path", PATH_Q, True),),
         description=PATH_TEXT,
         raw_body=True,
+        body_required=False,
     ),
     Operation(
         "GET",
@@ -326,6 +346,10 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.FetchRequest,
         ok=(200, s.PageModel),
         extra_errors=(
+            (
+                "403",
+                "The browsing policy refused the page's host; the message says how to allow it",
+            ),
             ("502", "The page could not be loaded; the message says why"),
             ("504", "The page did not load within the timeout"),
         ),
@@ -336,6 +360,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "coderunner: load a page and return its visible text",
         description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
+        body_required=False,
         ok=(200, s.CompatNavigateResponse),
         error_model=s.CompatNavigateResponse,
     ),
@@ -345,6 +370,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "coderunner: load a page and return its readable content",
         description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
+        body_required=False,
         ok=(200, s.CompatContentResponse),
         error_model=s.CompatContentResponse,
     ),
@@ -476,7 +502,10 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
         }
     elif op.stream:
-        ok["content"] = {media: {"schema": {"type": "string"}} for media in STREAM_MEDIA}
+        ok["content"] = {
+            "text/event-stream": {"schema": SSE_EVENT},
+            "application/x-ndjson": {"schema": NDJSON_STREAM},
+        }
     elif status != 204:
         schema = _schema(model, models) if model is not None else {"type": "object"}
         ok["content"] = {JSON: {"schema": schema}}

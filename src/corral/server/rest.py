@@ -242,9 +242,12 @@ def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]
 
 async def list_files(request: Request) -> Response:
     params = request.query_params
+    path = params.get("path", ".")
+    if not path:
+        raise InvalidInput("the 'path' query parameter is empty: use '.' for /workspace itself")
     listing = service_of(request).list_files(
         request.path_params["id"],
-        params.get("path", "."),
+        path,
         recursive=_bool_param(params.get("recursive")),
     )
     return JSONResponse(listing.to_dict())
