@@ -13,6 +13,7 @@ import logging
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -286,7 +287,9 @@ class Service:
     def active_sessions(self) -> list[SessionInfo]:
         """coderunner's list: the open named sessions (not the default one), by id."""
         listed = self.sessions.list_sessions()
-        return sorted((s for s in listed if s.open and s.id != DEFAULT_SESSION), key=_by_id)
+        return sorted(
+            (s for s in listed if s.open and s.id != DEFAULT_SESSION), key=attrgetter("id")
+        )
 
     def get_session(self, session_id: str) -> SessionInfo:
         return self.sessions.get(session_id)
@@ -553,7 +556,3 @@ def _size_of_file(workspace: Workspace, path: str) -> int:
     except CorralError:
         return 0
     return entry.size_bytes if entry.kind == "file" else 0
-
-
-def _by_id(info: SessionInfo) -> str:
-    return info.id

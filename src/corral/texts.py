@@ -16,7 +16,7 @@ from corral.skills.catalog import SOURCES, SkillEntry, SkillFile, SkillInfo, Ski
 NO_OUTPUT = "[Execution successful with no output]"
 RULE = "=" * 80
 LIST_HINT = "Use list_skills() to see available skills."
-_IMAGE_TYPES = ("image/png", "image/jpeg")
+IMAGE_TYPES = ("image/png", "image/jpeg")  # the result MIME types sent as images
 
 # -- execution -----------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ def _tool_text(result: ExecutionResult) -> str:
     if failure is not None:
         return result.stdout + result.stderr + failure
     text = result_text(result, with_stderr=True)
-    images = sum(1 for bundle in result.results for mime in _IMAGE_TYPES if mime in bundle)
+    images = sum(1 for bundle in result.results for mime in IMAGE_TYPES if mime in bundle)
     if images and text == NO_OUTPUT:
         return f"[Execution successful: {images} image(s)]"
     return text

@@ -2,10 +2,10 @@
 
 A proxy connection carries exactly one plain-HTTP request. The origin is asked to close, the
 client is told `Connection: close`, and the proxy ends both connections once the answer is
-sent, whatever either side would do next; bytes the client sends after its request's body are
-never read. A client's next request therefore comes on a new connection, where the proxy
-judges it for its own target: nothing is ever relayed to an origin the policy did not check
-for that request.
+sent, whatever either side would do next. Bytes the client sends after its request's body are
+never relayed (they are read and dropped until the client ends its side), so a client's next
+request comes on a new connection, where the proxy judges it for its own target: nothing is
+ever relayed to an origin the policy did not check for that request.
 
 Both sides are framed by h11, so the request's body and the answer end exactly where their
 framing says, and what is sent on is re-framed by the proxy rather than copied.

@@ -155,7 +155,7 @@ def _absolute_url(text: str) -> tuple[Target, bytes, bytes]:
     """The target, the origin-form path and the Host value of an absolute http:// URL.
 
     Userinfo is refused (`http://a@b/` would otherwise reach b with a Host some servers read
-    as a), and so is any host `urlsplit` reads differently from the way it is written."""
+    as a), and so is a host or port `urlsplit` cannot parse (`http://[::1/`)."""
     try:
         parts = urlsplit(text)
         port = parts.port or 80

@@ -256,7 +256,7 @@ def execution_content(result: ExecutionResult) -> CallToolResult:
     images: list[ContentBlock] = [
         ImageContent(type="image", data=bundle[mime], mime_type=mime)
         for bundle in result.results
-        for mime in ("image/png", "image/jpeg")
+        for mime in texts.IMAGE_TYPES
         if mime in bundle
     ]
     text = texts.tool_text(result)
@@ -273,7 +273,7 @@ def _images_named(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
     count = 0
     for bundle in bundles:
         shown = dict(bundle)
-        for mime in ("image/png", "image/jpeg"):
+        for mime in texts.IMAGE_TYPES:
             if mime in shown:
                 count += 1
                 shown[mime] = f"[sent as image content {count}]"
