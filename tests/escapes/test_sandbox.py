@@ -946,7 +946,7 @@ async def test_connect_to_another_sessions_kernel_sockets(host: Host) -> None:
     other = run_dir(host, B)
     sockets = host_dir(host, B)
     names = sorted(p.name for p in sockets.iterdir())
-    assert sum(name.startswith("k-") for name in names) == 5, names
+    assert sum(name.startswith("python-") for name in names) == 5, names
     other_workspace = host.service.get_session(B).workspace
     (other_workspace / "b-only.txt").write_text("b")
     targets = {f"B {name}": sockets / name for name in names}
@@ -973,8 +973,8 @@ async def test_restart_after_replacing_kernel_sockets_with_a_link_and_a_file(hos
         planted = await py(
             host,
             "import glob, json, os\n"
-            "ports = json.load(open('/run/corral/sandbox.json'))\n"
-            "names = sorted(f'/run/corral/k-{ports[k]}' for k in ports if k.endswith('_port'))\n"
+            "ports = json.load(open('/run/corral/python.json'))\n"
+            "names = sorted(f\"{ports['ip']}-{ports[k]}\" for k in ports if k.endswith('_port'))\n"
             f"os.symlink({listener_path!r}, names[0])\n"
             f"os.symlink({str(host.secret)!r}, names[1])\n"
             "open(names[2], 'w').write('not a socket')\n"
@@ -986,7 +986,7 @@ async def test_restart_after_replacing_kernel_sockets_with_a_link_and_a_file(hos
         await answers(host, B)
         new = run_dir(host, B)
         assert new != old and not old.exists()  # a fresh run directory; the old one removed
-        assert all(p.is_socket() for p in host_dir(host, B).glob("k-*"))
+        assert all(p.is_socket() for p in host_dir(host, B).glob("python-*"))
         assert pending_connections(listener) == 0  # the host never connected through a link
     assert host.secret.read_text() == SECRET + "\n"
 
@@ -1012,8 +1012,8 @@ async def test_plant_a_connection_file_in_the_run_directory(host: Host) -> None:
         "import json, os\n"
         f"open('/run/corral/kernel.json.new', 'w').write({json.dumps(fake)!r})\n"
         "os.replace('/run/corral/kernel.json.new', '/run/corral/kernel.json')\n"
-        "os.unlink('/run/corral/sandbox.json')\n"
-        f"os.symlink({str(host.secret)!r}, '/run/corral/sandbox.json')\n"
+        "os.unlink('/run/corral/python.json')\n"
+        f"os.symlink({str(host.secret)!r}, '/run/corral/python.json')\n"
         "print('null')",
         B,
     )
@@ -1026,7 +1026,7 @@ async def test_plant_a_connection_file_in_the_run_directory(host: Host) -> None:
     assert not (new / "kernel.json").exists()  # the host's file is never where the sandbox writes
     info = json.loads((host_dir(host, B) / "kernel.json").read_text())
     assert info["key"] not in ("planted", key.decode())
-    assert info["ip"] == str(host_dir(host, B) / "k")
+    assert info["ip"].startswith(str(host_dir(host, B) / "python-"))
     assert host.service.sessions.sessions[B].kernels["python"].manager.session.key != b"planted"
 
 
@@ -1042,7 +1042,7 @@ async def test_make_the_host_reconnect_through_a_planted_socket_link(host: Host)
         result = await execute(
             host,
             "import glob, os\n"
-            "for name in glob.glob('/run/corral/k-*'):\n"
+            "for name in glob.glob('/run/corral/python-*'):\n"
             f"    os.unlink(name); os.symlink({target!r}, name)\n"
             "os._exit(0)",
             B,
@@ -1050,7 +1050,7 @@ async def test_make_the_host_reconnect_through_a_planted_socket_link(host: Host)
         assert result.status == "died", result.text()
         await asyncio.sleep(0.5)
         connections = pending_connections(listener)
-        await answers(host, B)  # a fresh kernel in a fresh run directory
+        await answers(host, B)  # a fresh kernel, its sockets under fresh names
         connections += pending_connections(listener)
     assert connections == 0, (
         f"the server connected {connections} times to the host socket {target} "

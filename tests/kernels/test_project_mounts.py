@@ -534,20 +534,26 @@ async def test_a_second_kernel_starts_beside_a_running_one_and_sees_the_same_cop
         )
         seen = await run(service, "pair", f"cat {P}/.claude/settings.json", language="bash")
         assert seen == "from python\n"
-        assert await run(service, "pair", "print(n + 1)") == "42\n"  # thawed, state kept
+        assert await run(service, "pair", "print(n + 1)") == "42\n"  # state kept
         assert service.get_session("pair").kernels == ("bash", "python")
     assert (repo / ".claude" / "settings.json").read_text() == "host .claude/settings.json\n"
 
 
-async def test_a_link_made_inside_refuses_the_next_kernel_of_the_session(
+async def test_a_link_made_inside_cannot_steer_the_next_kernel_of_the_session(
     settings: Settings, repo: Path
 ) -> None:
+    """The bash kernel joins the sandbox the python kernel runs in: nothing is mounted again,
+    so a link planted where a protected folder would be bound is never followed by a mount."""
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("swap", mounts=["proj"])
         await run(service, "swap", f"os.makedirs('{P}/sub')\nos.symlink('/home', '{P}/sub/.git')")
-        with pytest.raises(ProtectionRefused, match=r"'proj': sub/\.git is a symbolic link"):
-            await service.execute("echo no", session_id="swap", language="bash")
-        assert service.get_session("swap").kernels == ("python",)
+        assert await run(service, "swap", f"readlink {P}/sub/.git", language="bash") == "/home\n"
+        session = service.sessions.sessions["swap"]
+        assert session.run is not None and session.run.sandbox is not None
+        bwrap = session.run.sandbox.pid
+        assert bwrap is not None
+        tree = {p.pid for p in _children(bwrap)}
+        assert {k.pid for k in session.kernels.values()} <= tree
         assert await run(service, "swap", "print('still here')") == "still here\n"
         await service.stop_session("swap")
         [names] = await reported(service, "swap")

@@ -109,7 +109,7 @@ class DiskPatrol:
         signals: list[tuple[int, signal.Signals]] = []
         idle: list[str] = []
         for language, kernel in list(session.kernels.items()):
-            pid = writers.kernel_interpreter(kernel.pid) if kernel.pid is not None else None
+            pid = kernel.pid
             if pid is None:
                 continue
             if language == running:

@@ -7,9 +7,9 @@ session registry, the warm pool's hand-over and the browser all use it; it never
 registry. What it has to report (the agent bridge used, protected files changed) goes to the
 `on_event` callback.
 
-A session's run (`SessionRun`: limit box, bridge, prepared mounts) opens with its first
-kernel and closes with its last; the factory keeps the open runs so that no two running
-sessions mount overlapping folders read-write.
+A session's run (`SessionRun`: limit box, bridge, prepared mounts, and the one sandbox all
+its kernels start in) opens with its first kernel and closes with its last; the factory keeps
+the open runs so that no two running sessions mount overlapping folders read-write.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from corral.fsafe import UnsafePath
 from corral.kernels.kernel import SandboxedKernel
 from corral.kernels.projects import PreparedMount, prepare_mounts
 from corral.kernels.run import SessionRun, open_bridge
+from corral.kernels.sandbox import SessionSandbox, make_run_dir
 from corral.kernels.session import Session
 from corral.mounts import overlapping
 from corral.protect import validate_protected_names
@@ -177,18 +178,61 @@ class KernelFactory:
     # -- a session's kernels --------------------------------------------------------------
 
     async def launch(self, session: Session, language: str) -> None:
-        """Start a kernel cold: package prefix, egress socket, the run, then the sandbox."""
+        """Start a kernel cold: package prefix, the run and its sandbox, then the kernel."""
         session.from_pool = False
         create_session_env(session.paths.env, self.runtime, font_list=self.fonts.seed())
         if repaired := self._repair_env(session):
             session.notes.append(repair_note(repaired))
         socket = None
-        if self.egress is not None:
+        if self.egress is not None:  # listening again if the socket was removed meanwhile
             socket = await self.egress.socket_for(session.id)
-        run = await self.open_run(session)
-        kernel = self._new_kernel(session, language, run, socket)
-        await self._start_beside_siblings(session, run, kernel)
+        sandbox = await self._sandbox_of(session, socket)
+        kernel = SandboxedKernel(language, sandbox)
+        await kernel.start(self.settings.kernel_start_timeout_s)
         session.kernels[language] = kernel
+
+    async def _sandbox_of(self, session: Session, socket: Path | None) -> SessionSandbox:
+        """The session's running sandbox, started with its run when there is none. A run
+        whose sandbox ended (its spawner was killed, say) is closed first: its kernels went
+        with it, and each is said to be restarted on its next call."""
+        run = session.run
+        if run is not None and run.sandbox is not None and not run.sandbox.alive():
+            for language in list(session.kernels):
+                await self.drop_kernel(session, language)
+                session.lost.add(language)
+            await self.close_run(session)
+        run = await self.open_run(session)
+        if run.sandbox is None:
+            run.sandbox = await self._start_sandbox(session, run, socket)
+        return run.sandbox
+
+    async def _start_sandbox(
+        self, session: Session, run: SessionRun, socket: Path | None
+    ) -> SessionSandbox:
+        extras = run.extras(self.runtime.sandbox_python)
+        run_dir = await asyncio.to_thread(make_run_dir, self.settings.run_root)
+        policy = self.policy(
+            session.paths,
+            tmp_size_bytes=session.limits.tmp_bytes,
+            egress_socket=socket,
+            forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
+            extra_binds=self.skill_binds + extras.binds,
+        )
+        sandbox = SessionSandbox(
+            policy.with_run_dir(run_dir),
+            run_dir,
+            bwrap=self.bwrap,
+            python=self.runtime.sandbox_python,
+        )
+        launcher = [*extras.launcher]
+        if socket is not None:
+            launcher += egress_launcher(self.runtime)
+        try:
+            sandbox.start(launcher, run.box)
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
 
     def _repair_env(self, session: Session) -> list[str]:
         """What the sandbox broke in the package prefix, put back (see `repair_session_env`)."""
@@ -204,8 +248,6 @@ class KernelFactory:
         kernel = session.kernels.pop(language, None)
         if kernel is not None:
             await kernel.stop()
-            if session.box is not None and kernel.pid is not None:
-                session.box.forget(kernel.pid)
         if not session.kernels and not session.starting:
             await self.close_run(session)
 
@@ -221,46 +263,6 @@ class KernelFactory:
             self._runs[target.id] = target.run
         target.kernels.update(source.kernels)
         source.kernels.clear()
-
-    def _new_kernel(
-        self, session: Session, language: str, run: SessionRun, socket: Path | None
-    ) -> SandboxedKernel:
-        extras = run.extras(self.runtime.sandbox_python)
-        policy = self.policy(
-            session.paths,
-            tmp_size_bytes=session.limits.tmp_bytes,
-            egress_socket=socket,
-            forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
-            extra_binds=self.skill_binds + extras.binds,
-        )
-        launcher = [*extras.launcher]
-        if socket is not None:
-            launcher += egress_launcher(self.runtime)
-        return SandboxedKernel(
-            language,
-            policy,
-            bwrap=self.bwrap,
-            python=self.runtime.sandbox_python,
-            run_root=self.settings.run_root,
-            launcher=launcher or None,
-            box=run.box,
-        )
-
-    async def _start_beside_siblings(
-        self, session: Session, run: SessionRun, kernel: SandboxedKernel
-    ) -> None:
-        """Start `kernel`; with protected mounts, the session's other kernels stay frozen
-        (and the protected paths are checked again) until its sandbox is set up."""
-        guard = run.protects and bool(session.kernels)
-        if guard:
-            await asyncio.to_thread(run.box.freeze)
-        try:
-            if guard:
-                await asyncio.to_thread(run.verify_mounts)
-            await kernel.start(self.settings.kernel_start_timeout_s)
-        finally:
-            if guard:
-                await asyncio.to_thread(run.box.thaw)
 
     # -- a session's run ------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""One kernel in one sandbox: start it, talk to it, interrupt it, stop it.
+"""One kernel in its session's sandbox: start it, talk to it, interrupt it, stop it.
 
-`SandboxedKernel` owns a `SandboxedKernelManager`, its private run directory and a connected
-client. It raises `KernelStartFailed` when the kernel does not come up, with what bwrap or the
-kernel said on stderr.
+`SandboxedKernel` owns a `SandboxedKernelManager`, its host-only socket directory and a
+connected client; the sandbox (`corral.kernels.sandbox`) and its run directory belong to the
+session's run. It raises `KernelStartFailed` when the kernel does not come up, with what the
+kernel, bwrap or the spawner said on stderr.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import secrets
 import shutil
 import stat
 import time
@@ -22,43 +22,25 @@ import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelStartFailed
-from corral.fsafe import NotPrivate, private_dir
-from corral.kernels.provisioner import (
-    SandboxedKernelManager,
-    SandboxProvisioner,
-    host_side,
-    kernel_spec,
-)
-from corral.sandbox.boxes import LimitBox
-from corral.sandbox.policy import SandboxPolicy
+from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
+from corral.kernels.sandbox import SessionSandbox
 
 SOCKET_POLL_S = 0.005
 INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
 
 
 class SandboxedKernel:
-    """A python or bash kernel inside its sandbox, with a client connected over ipc."""
+    """A python or bash kernel inside its session's sandbox, with a client connected over
+    ipc."""
 
-    def __init__(
-        self,
-        language: str,
-        policy: SandboxPolicy,
-        *,
-        bwrap: str,
-        python: str,
-        run_root: Path,
-        launcher: list[str] | None = None,
-        box: LimitBox | None = None,
-    ) -> None:
+    def __init__(self, language: str, sandbox: SessionSandbox) -> None:
         self.language = language
-        self.run_dir = make_run_dir(run_root)
+        self.sandbox = sandbox
+        self.run_dir = sandbox.run_dir
         self.manager = SandboxedKernelManager(
-            spec=kernel_spec(language, python, launcher=launcher),
-            policy=policy.with_run_dir(self.run_dir),
-            bwrap=bwrap,
-            run_dir=self.run_dir,
-            box=box,
+            spec=kernel_spec(language, sandbox.python), sandbox=sandbox, language=language
         )
+        self.manager.host_dir.mkdir(mode=0o700)
         self.client: AsyncKernelClient | None = None
         self.started_at = 0.0
         # Held while an interrupt waits for its answer: code is sent only once it is free.
@@ -127,6 +109,10 @@ class SandboxedKernel:
         return timeout_s - (time.monotonic() - self.started_at)
 
     async def is_alive(self) -> bool:
+        """True while the kernel runs. A kernel whose sandbox has ended is gone, even in the
+        moment before its own process is seen to be."""
+        if not self.sandbox.alive():
+            return False
         provisioner = self.manager.provisioner
         if provisioner is None or not provisioner.has_process:
             return False
@@ -165,24 +151,24 @@ class SandboxedKernel:
             return
 
     async def stop(self) -> None:
-        """Kill the kernel and its sandbox at once, and remove the run directory."""
+        """Kill the kernel and what it started at once, and remove its sockets."""
         if self.client is not None:
             self.client.stop_channels()
             self.client = None
         if self.manager.has_kernel:
             await self.manager.shutdown_kernel(now=True)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
         shutil.rmtree(self.manager.host_dir, ignore_errors=True)
 
     def stderr_tail(self) -> str:
+        """What the kernel wrote to stderr last, else what its sandbox did."""
         provisioner = self.manager.provisioner
-        if isinstance(provisioner, SandboxProvisioner):
-            return provisioner.stderr_tail()
-        return ""
+        if isinstance(provisioner, SandboxProvisioner) and (tail := provisioner.stderr_tail()):
+            return tail
+        return self.sandbox.stderr_tail()
 
     @property
     def pid(self) -> int | None:
-        """The host pid of the outer bwrap process."""
+        """The host pid of the kernel process (inside the session's sandbox)."""
         provisioner = self.manager.provisioner
         return getattr(provisioner, "pid", None)
 
@@ -201,23 +187,6 @@ async def reply_to(
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
             return reply
     return None
-
-
-def make_run_dir(run_root: Path) -> Path:
-    """A new private directory for one kernel's sockets: short, random, mode 0700.
-
-    The root is created 0700 if missing, and refused when it is a link or not ours.
-    """
-    try:
-        private_dir(run_root)
-    except NotPrivate as exc:
-        raise KernelStartFailed(
-            f"run directory root {run_root} is not a directory of ours: it {exc.why}"
-        ) from exc
-    run_dir = run_root / secrets.token_hex(6)
-    run_dir.mkdir(mode=0o700)
-    host_side(run_dir).mkdir(mode=0o700)
-    return run_dir
 
 
 def _lstat_mode(path: Path) -> int | None:

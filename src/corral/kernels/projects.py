@@ -54,12 +54,6 @@ class PreparedMount:
         binds += [Bind(p.source, f"{dest}/{p.rel}", writable=p.writable) for p in self.protected]
         return tuple(binds)
 
-    def verify(self) -> None:
-        """Scan again before another sandbox of the session starts: every protected path must
-        still be reached through real directories (raises `ProtectionRefused`)."""
-        if self.plan is not None:
-            scan(self.spec.path, self.plan.extra, name=self.spec.name)
-
     def report(self) -> list[str]:
         """The protected files the sandbox changed or created; removes the copies."""
         try:

@@ -1,16 +1,17 @@
-"""The jupyter_client seam: a provisioner that starts a kernel inside a bwrap sandbox.
+"""The jupyter_client seam: a provisioner that starts a kernel inside its session's sandbox.
 
-`SandboxedKernelManager` is an `AsyncKernelManager` that carries the sandbox policy and uses
-ipc transport in a private run directory; its kernel spec names the `corral-sandbox`
-provisioner (registered as an entry point), which starts the kernel command through the one
-sandbox launcher (`corral.sandbox.launch`). The kernel reads a copy of the connection file
-whose socket paths are the sandbox's view of the same directory.
+`SandboxedKernelManager` is an `AsyncKernelManager` that carries the session's sandbox
+(`corral.kernels.sandbox.SessionSandbox`) and uses ipc transport in the sandbox's run
+directory; its kernel spec names the `corral-sandbox` provisioner (registered as an entry
+point), which asks the sandbox's spawner to start the kernel command. The kernel reads a
+copy of the connection file whose socket paths are the sandbox's view of the run directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,10 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from corral.errors import AdmissionFailed, KernelStartFailed
+from corral.errors import KernelStartFailed
+from corral.kernels.sandbox import SessionSandbox
 from corral.kernels.stderr_tail import StderrTail
-from corral.sandbox.boxes import LimitBox
-from corral.sandbox.launch import start_sandbox
-from corral.sandbox.policy import SANDBOX_RUN_DIR, SandboxPolicy
+from corral.sandbox.policy import SANDBOX_RUN_DIR
 from corral.sandbox.profile import (
     BASH_KERNEL,
     PYTHON_KERNEL,
@@ -32,24 +32,18 @@ from corral.sandbox.profile import (
 )
 
 PROVISIONER_NAME = "corral-sandbox"
-SOCKET_PREFIX = "k"
 HOST_CONNECTION_FILE = "kernel.json"
-SANDBOX_CONNECTION_FILE = "sandbox.json"
+SPAWN_REPLY_S = 10.0  # how long the spawner may take to say it started a kernel
 
 
-def kernel_spec(
-    language: str, python: str, *, sandboxed: bool = True, launcher: list[str] | None = None
-) -> KernelSpec:
-    """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed).
-
-    `launcher` is a command prefix that execs the kernel (the egress forwarder).
-    """
+def kernel_spec(language: str, python: str, *, sandboxed: bool = True) -> KernelSpec:
+    """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed)."""
     if language == "python":
         entry = [SANDBOX_PYTHON_KERNEL if sandboxed else str(PYTHON_KERNEL)]
     else:
         entry = [SANDBOX_BASH_KERNEL if sandboxed else str(BASH_KERNEL)]
     spec = KernelSpec(
-        argv=[*(launcher or []), python, *entry, "-f", "{connection_file}"],
+        argv=[python, *entry, "-f", "{connection_file}"],
         display_name=f"corral {language}",
         language=language,
         interrupt_mode="message",
@@ -60,44 +54,41 @@ def kernel_spec(
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """A kernel manager for one kernel in one sandbox, talking over ipc in `run_dir`."""
+    """A kernel manager for one kernel in its session's sandbox, talking over ipc; its
+    sockets and connection file in the run directory are named after `language`."""
 
     def __init__(
-        self,
-        *,
-        spec: KernelSpec,
-        policy: SandboxPolicy,
-        bwrap: str,
-        run_dir: Path,
-        box: LimitBox | None = None,
-        **kwargs: Any,
+        self, *, spec: KernelSpec, sandbox: SessionSandbox, language: str, **kwargs: Any
     ) -> None:
         super().__init__(transport="ipc", **kwargs)
         self._kernel_spec = spec
-        self.sandbox_policy = policy
-        self.box = box
-        self.bwrap_path = bwrap
-        self.run_dir = run_dir
+        self.sandbox = sandbox
+        self.run_dir = sandbox.run_dir
+        # Fresh names each start: the run directory outlives a kernel, and running code
+        # could have put anything at the names of the last one.
+        self.socket_prefix = f"{language}-{secrets.token_hex(3)}"
+        self.sandbox_connection_file = f"{language}.json"
         # The server's side: the kernel's sockets are moved here once bound, and the client
         # connects (and reconnects) only here, where the sandbox cannot put a link.
-        self.host_dir = host_side(run_dir)
-        self.ip = str(self.host_dir / SOCKET_PREFIX)
+        self.host_dir = host_side(self.run_dir, language)
+        self.ip = str(self.host_dir / self.socket_prefix)
         self.connection_file = str(self.host_dir / HOST_CONNECTION_FILE)
         self.cache_ports = False
 
     def socket_names(self) -> list[str]:
         """The file names of the kernel's five sockets (valid once ports are assigned)."""
         ports = (self.shell_port, self.iopub_port, self.stdin_port, self.hb_port, self.control_port)
-        return [f"{SOCKET_PREFIX}-{port}" for port in ports]
+        return [f"{self.socket_prefix}-{port}" for port in ports]
 
 
-def host_side(run_dir: Path) -> Path:
-    """The directory beside a kernel's run directory that only the server sees."""
-    return run_dir.with_name(run_dir.name + "-host")
+def host_side(run_dir: Path, language: str) -> Path:
+    """The directory beside a sandbox's run directory that only the server sees, for the
+    sockets of its `language` kernel."""
+    return run_dir.with_name(f"{run_dir.name}-{language}")
 
 
 class SandboxProvisioner(LocalProvisioner):
-    """Starts the kernel command inside the sandbox described by the manager's policy."""
+    """Starts the kernel command inside the manager's session sandbox."""
 
     stderr_log: StderrTail | None = None
 
@@ -117,24 +108,18 @@ class SandboxProvisioner(LocalProvisioner):
             self.stderr_log.close()
         self.stderr_log = StderrTail()
         try:
-            self.process = start_sandbox(
-                manager.sandbox_policy,
-                cmd,
-                bwrap=manager.bwrap_path,
-                box=manager.box,
-                stderr=self.stderr_log.write_fd,
-            )
-        except AdmissionFailed as exc:
-            raise KernelStartFailed(f"the kernel did not start: {exc}") from exc
+            spawned = await manager.sandbox.spawn(cmd, self.stderr_log.write_fd, SPAWN_REPLY_S)
         finally:
             self.stderr_log.spawned()
-        self.pid = self.process.pid
-        self.pgid = self.process.pid
+        # Not a Popen, but it has the part of one LocalProvisioner uses (see SpawnedProcess).
+        self.process = spawned  # type: ignore[assignment]
+        self.pid = spawned.pid
+        self.pgid = None  # signals go to the process through its pidfd, never by number
         self.cwd = "/"
         return self.connection_info
 
     def stderr_tail(self, max_bytes: int = 4096) -> str:
-        """The last bytes bwrap or the kernel wrote to stderr, for error messages."""
+        """The last bytes the kernel wrote to stderr, for error messages."""
         return "" if self.stderr_log is None else self.stderr_log.text(max_bytes)
 
     async def cleanup(self, restart: bool = False) -> None:
@@ -151,11 +136,21 @@ def _sandboxed_manager(parent: object) -> SandboxedKernelManager:
 
 
 def _write_sandbox_connection_file(manager: SandboxedKernelManager) -> str:
-    """Copy the connection file with socket paths as the sandbox sees the run directory."""
+    """Copy the connection file with socket paths as the sandbox sees the run directory.
+
+    The run directory is shared with running code, which may have put anything at the
+    name (a FIFO would block an open): the copy is written under a name it cannot guess
+    and renamed over it."""
     info = json.loads(Path(manager.connection_file).read_text())
-    info["ip"] = f"{SANDBOX_RUN_DIR}/{SOCKET_PREFIX}"
-    target = manager.run_dir / SANDBOX_CONNECTION_FILE
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    info["ip"] = f"{SANDBOX_RUN_DIR}/{manager.socket_prefix}"
+    name = manager.sandbox_connection_file
+    draft = manager.run_dir / f".{secrets.token_hex(8)}.{name}"
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
         json.dump(info, out)
-    return f"{SANDBOX_RUN_DIR}/{SANDBOX_CONNECTION_FILE}"
+    try:
+        os.rename(draft, manager.run_dir / name)
+    except OSError as exc:
+        draft.unlink(missing_ok=True)
+        raise KernelStartFailed(f"{name} in the run directory cannot be replaced: {exc}") from exc
+    return f"{SANDBOX_RUN_DIR}/{name}"

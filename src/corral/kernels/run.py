@@ -1,9 +1,9 @@
 """What a session holds while any of its kernels runs, beyond the kernels themselves.
 
 A `SessionRun` opens with the session's first kernel and closes with its last: the limit box
-and its watchdog, the agent bridge when the operator enabled it, and the per-session copies
-of protected files in its project mounts. Each kernel's sandbox is started with the binds,
-variables and launcher prefix the run gives (`RunExtras`).
+and its watchdog, the agent bridge when the operator enabled it, the per-session copies of
+protected files in its project mounts, and the one sandbox its kernels run in, started with
+the binds, variables and launcher prefix the run gives (`RunExtras`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from corral import bridge_shim
 from corral.bridge import AgentBridge, new_token
 from corral.errors import InvalidInput
 from corral.kernels.projects import PreparedMount
+from corral.kernels.sandbox import SessionSandbox
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.policy import SANDBOX_HOME, Bind
 
@@ -34,7 +35,7 @@ BridgeHook = Callable[[str, str], None]  # (service, outcome)
 
 @dataclass(frozen=True)
 class RunExtras:
-    """What every kernel sandbox of a running session adds to the default profile."""
+    """What a running session's sandbox adds to the default profile."""
 
     binds: tuple[Bind, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -51,20 +52,10 @@ class SessionRun:
     bridge: AgentBridge | None = None
     bridge_dir: Path | None = None
     mounts: list[PreparedMount] = field(default_factory=list)
-
-    @property
-    def protects(self) -> bool:
-        """True when a read-write project mount has protected copies to keep in place."""
-        return any(mount.plan is not None for mount in self.mounts)
-
-    def verify_mounts(self) -> None:
-        """Before another kernel's sandbox is set up (the others frozen): no protected path
-        may have been swapped for a link since (raises `ProtectionRefused`)."""
-        for mount in self.mounts:
-            mount.verify()
+    sandbox: SessionSandbox | None = None  # started with the first kernel
 
     def extras(self, sandbox_python: str) -> RunExtras:
-        """The binds, variables and launcher prefix of this run's kernels."""
+        """The binds, variables and launcher prefix of this run's sandbox."""
         binds = [bind for mount in self.mounts for bind in mount.binds()]
         env: list[tuple[str, str]] = []
         launcher: list[str] = []
@@ -77,6 +68,9 @@ class SessionRun:
 
     async def close(self) -> list[str]:
         """Tear everything down; returns the protected files the sandbox changed or created."""
+        if self.sandbox is not None:
+            await self.sandbox.stop()
+            self.sandbox = None
         self.watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.watchdog

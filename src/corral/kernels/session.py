@@ -130,12 +130,13 @@ class Session:
 
     def _written_paths(self) -> list[Path]:
         """Where the sandbox writes to the host's disk: the workspace, the package prefix
-        and each running kernel's run directory (shown at /run/corral)."""
-        runs = [kernel.run_dir for kernel in self.kernels.values()]
+        and, while it runs, the sandbox's run directory (shown at /run/corral)."""
+        sandbox = self.run.sandbox if self.run is not None else None
+        runs = [sandbox.run_dir] if sandbox is not None else []
         return [self.paths.workspace, self.paths.env, *runs]
 
     def _sandbox_pids(self) -> list[int]:
-        """Every process of the session's sandboxes (host pids), from its limit box."""
+        """Every process of the session's sandbox (host pids), from its limit box."""
         box = self.box
         return box.processes() if box is not None else []
 

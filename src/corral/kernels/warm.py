@@ -115,7 +115,8 @@ class WarmHandOver:
         try:
             paths.workspace.mkdir(mode=0o700, parents=True)
             await self.factory.launch(warm.session, "python")
-            pid = warm.session.kernels["python"].pid
+            sandbox = warm.session.run.sandbox if warm.session.run is not None else None
+            pid = sandbox.pid if sandbox is not None else None
             warm.memory_bytes = await asyncio.to_thread(tree_pss, pid) if pid else 0
         except BaseException:
             await self._discard(warm)

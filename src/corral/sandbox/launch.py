@@ -58,20 +58,22 @@ def start_sandbox(
     box: LimitBox | None = None,
     stdout: Output = subprocess.DEVNULL,
     stderr: Output = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """Start `command` inside a sandbox made from `policy`; returns the running process.
 
     The process is the group leader of a new session (its pid is the group id). Its stdin is
-    closed (or at end of file). With `box`, it is inside the box before bwrap runs; raises
-    `AdmissionFailed` when the box refuses it, and no process is left. It only forks and
-    execs, so it may be called on the event loop.
+    closed (or at end of file); `pass_fds` reach the command open, with their numbers. With
+    `box`, it is inside the box before bwrap runs; raises `AdmissionFailed` when the box
+    refuses it, and no process is left. It only forks and execs, so it may be called on the
+    event loop.
     """
     seccomp_fd = filter_fd() if policy.seccomp else None
     try:
         argv = build_argv(policy, command, bwrap=bwrap, seccomp_fd=seccomp_fd)
         process = subprocess.Popen(
             _with_death_signal(argv, gated=box is not None),
-            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            pass_fds=pass_fds if seccomp_fd is None else (*pass_fds, seccomp_fd),
             stdin=subprocess.DEVNULL if box is None else subprocess.PIPE,
             stdout=stdout,
             stderr=stderr,

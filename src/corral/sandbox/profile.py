@@ -103,6 +103,7 @@ def default_policy(
             Bind(paths.env, SANDBOX_ENV, writable=True),
             Bind(PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL),
             Bind(BASH_KERNEL, SANDBOX_BASH_KERNEL),
+            Bind(SPAWNER, SANDBOX_SPAWNER),
             *_egress_binds(egress_socket),
             *extra_binds,
         ),
@@ -143,6 +144,8 @@ SANDBOX_PYTHON_KERNEL = "/opt/corral/bin/python_kernel.py"
 PYTHON_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "python_kernel.py"
 SANDBOX_BASH_KERNEL = "/opt/corral/bin/bash_entry.py"
 BASH_KERNEL = PYTHON_KERNEL.with_name("bash_entry.py")
+SANDBOX_SPAWNER = "/opt/corral/bin/spawner.py"
+SPAWNER = PYTHON_KERNEL.with_name("spawner.py")
 FORWARDER = Path(forwarder_module.__file__).resolve()
 _HTTP_PROXY = f"http://127.0.0.1:{forwarder_module.HTTP_PORT}"
 _SOCKS_PROXY = f"socks5h://127.0.0.1:{forwarder_module.SOCKS_PORT}"

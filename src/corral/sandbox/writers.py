@@ -1,10 +1,11 @@
 """Which sandbox processes to stop when a session writes past its disk limit.
 
 A sandbox is a process tree: the outer bwrap on the host, bwrap's init inside (pid 1 of the
-sandbox's pid namespace) and the kernel it started (pid 2), whose children are the agent's
-processes. Processes whose parents died are adopted by pid 1. A writer is stopped with the
-whole branch it belongs to (the highest ancestor that is neither the kernel nor pid 1): a
-shell loop that starts a new `dd` each time goes with its `dd`.
+sandbox's pid namespace), the spawner it started (pid 2) and the spawner's children, the
+session's kernels, whose children are the agent's processes. Processes whose parents died
+are adopted by pid 1. A writer is stopped with the whole branch it belongs to (the highest
+ancestor that is neither a kernel, nor the spawner, nor pid 1): a shell loop that starts a
+new `dd` each time goes with its `dd`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from corral.sandbox import watchdog
 
-KERNEL_NS_PID = 2  # the command bwrap runs: the kernel
+SPAWNER_NS_PID = 2  # the command bwrap runs: the spawner, whose children are the kernels
 INIT_NS_PID = 1
 # A kernel writes a little of its own now and then (caches, compiled modules); counted as a
 # writer only past this much between two looks, which a thread filling the disk passes at
@@ -53,6 +54,12 @@ def ns_pid(pid: int) -> int | None:
     return None
 
 
+def is_kernel(pid: int) -> bool:
+    """True for a kernel: a child of its sandbox's spawner."""
+    parent = parent_pid(pid)
+    return parent is not None and ns_pid(parent) == SPAWNER_NS_PID and ns_pid(pid) is not None
+
+
 def parent_pid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
@@ -83,7 +90,7 @@ def disk_writes(pids: Iterable[int]) -> Counts:
     """
     written: Counts = {}
     for pid in pids:
-        if ns_pid(pid) == KERNEL_NS_PID:
+        if is_kernel(pid):
             for tid in _threads(pid):
                 if (count := _write_bytes(f"/proc/{pid}/task/{tid}/io")) is not None:
                     written[(pid, int(tid))] = count
@@ -150,36 +157,28 @@ def find_culprits(writers: Iterable[int]) -> Culprits:
     """Sort sandbox processes that wrote into kernels and the branches holding the rest."""
     found = Culprits()
     for pid in writers:
-        inner = ns_pid(pid)
-        if inner is None or inner == INIT_NS_PID:
-            continue  # bwrap itself, or gone
-        if inner == KERNEL_NS_PID:
+        if ns_pid(pid) in (None, INIT_NS_PID, SPAWNER_NS_PID):
+            continue  # bwrap itself, the spawner, or gone
+        if is_kernel(pid):
             found.kernels.add(pid)
         else:
             top, parent = _branch_top(pid)
             if top not in found.branches:
                 found.branches.append(top)
-            if parent is not None and ns_pid(parent) == KERNEL_NS_PID:
+            if parent is not None and is_kernel(parent):
                 found.parents.add(parent)
     return found
 
 
 def _branch_top(pid: int) -> tuple[int, int | None]:
-    """The highest ancestor of `pid` below the kernel or the sandbox's init, and its parent."""
+    """The highest ancestor of `pid` below a kernel, the spawner or the sandbox's init, and
+    its parent."""
     top = pid
     while (parent := parent_pid(top)) is not None:
-        if ns_pid(parent) in (None, INIT_NS_PID, KERNEL_NS_PID):
+        if ns_pid(parent) in (None, INIT_NS_PID, SPAWNER_NS_PID) or is_kernel(parent):
             return top, parent
         top = parent
     return top, None
-
-
-def kernel_interpreter(bwrap_pid: int) -> int | None:
-    """The host pid of the kernel process in the sandbox started by `bwrap_pid`."""
-    for pid in watchdog.tree_pids(bwrap_pid):
-        if ns_pid(pid) == KERNEL_NS_PID:
-            return pid
-    return None
 
 
 def kill_branches(branches: Iterable[int]) -> None:

@@ -1,0 +1,234 @@
+"""A session's one sandbox, and the kernels started inside it.
+
+`SessionSandbox` starts bwrap once per session run with the spawner (`spawner.py`, bound at
+`SANDBOX_SPAWNER`) as its command, behind the run's launchers (the egress forwarder, the
+agent bridge). Each kernel is then started by asking the spawner over a socket pair whose
+sandbox end bwrap inherits: the kernels of one session share namespaces, /tmp, processes and
+the view of their mounts, and a kernel started later is not a second sandbox.
+
+The spawner runs inside the sandbox, so what it answers is not trusted: the pid it names is
+looked up in this sandbox's own process tree on the host, and the server keeps a pidfd to
+it. `SpawnedProcess` is that kernel process seen from the host, with the part of the
+`subprocess.Popen` interface jupyter_client's provisioner uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from corral.errors import AdmissionFailed, KernelStartFailed
+from corral.fsafe import NotPrivate, private_dir
+from corral.kernels.stderr_tail import StderrTail
+from corral.sandbox import watchdog
+from corral.sandbox.boxes import LimitBox
+from corral.sandbox.launch import start_sandbox
+from corral.sandbox.policy import SandboxPolicy
+from corral.sandbox.profile import SANDBOX_SPAWNER
+from corral.sandbox.writers import ns_pid
+
+MAX_REPLY = 4096
+FIND_POLL_S = 0.002
+FIND_TIMEOUT_S = 2.0  # a started kernel shows in /proc at once; this only bounds a lie
+
+
+class SessionSandbox:
+    """One session run's sandbox: bwrap, the spawner in it, and a channel to the spawner."""
+
+    def __init__(self, policy: SandboxPolicy, run_dir: Path, *, bwrap: str, python: str) -> None:
+        self.policy = policy
+        self.run_dir = run_dir
+        self.bwrap = bwrap
+        self.python = python
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stderr_log: StderrTail | None = None
+        self._control: socket.socket | None = None
+        self._asking = asyncio.Lock()  # one request at a time: replies come in order
+
+    def start(self, launcher: list[str], box: LimitBox | None) -> None:
+        """Start bwrap and the spawner (inside `box` before anything runs). Raises
+        `KernelStartFailed` when the box refuses it."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.stderr_log = StderrTail()
+        try:
+            theirs.set_inheritable(True)
+            command = [*launcher, self.python, SANDBOX_SPAWNER, str(theirs.fileno())]
+            self.process = start_sandbox(
+                self.policy,
+                command,
+                bwrap=self.bwrap,
+                box=box,
+                stderr=self.stderr_log.write_fd,
+                pass_fds=(theirs.fileno(),),
+            )
+        except AdmissionFailed as exc:
+            ours.close()
+            raise KernelStartFailed(f"the sandbox did not start: {exc}") from exc
+        finally:
+            theirs.close()
+            self.stderr_log.spawned()
+        ours.setblocking(False)
+        self._control = ours
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The host pid of the outer bwrap process (the root of the sandbox's tree)."""
+        return None if self.process is None else self.process.pid
+
+    async def spawn(self, argv: list[str], stderr_fd: int, timeout_s: float) -> SpawnedProcess:
+        """Start `argv` in the sandbox with `stderr_fd` as its stderr; raises
+        `KernelStartFailed` when the spawner refuses, does not answer, or names no process
+        of this sandbox."""
+        async with self._asking:
+            reply = await asyncio.wait_for(self._ask(argv, stderr_fd), timeout_s)
+        if not isinstance(reply, dict) or not isinstance(reply.get("pid"), int):
+            error = reply.get("error") if isinstance(reply, dict) else None
+            raise KernelStartFailed(f"the sandbox could not start {argv[-3:]}: {error or reply}")
+        host_pid = await self._find(reply["pid"])
+        return SpawnedProcess(host_pid)
+
+    async def _ask(self, argv: list[str], stderr_fd: int) -> object:
+        control = self._control
+        if control is None or not self.alive():
+            raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
+        loop = asyncio.get_running_loop()
+        message = json.dumps({"spawn": argv}).encode()
+        socket.send_fds(control, [message], [stderr_fd])
+        try:
+            reply = await loop.sock_recv(control, MAX_REPLY)
+        except OSError as exc:
+            raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}") from exc
+        if not reply:
+            raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
+        try:
+            return json.loads(reply)
+        except ValueError:
+            return None
+
+    async def _find(self, inner_pid: int) -> int:
+        """The host pid of the sandbox process whose pid inside is `inner_pid`."""
+        deadline = time.monotonic() + FIND_TIMEOUT_S
+        while self.process is not None:
+            for pid in watchdog.tree_pids(self.process.pid)[1:]:
+                if ns_pid(pid) == inner_pid:
+                    return pid
+            if time.monotonic() > deadline or not self.alive():
+                break
+            await asyncio.sleep(FIND_POLL_S)
+        raise KernelStartFailed(f"the sandbox named pid {inner_pid}, which it does not hold")
+
+    def stderr_tail(self, max_bytes: int = 4096) -> str:
+        """What bwrap, a launcher or the spawner wrote to stderr last."""
+        return "" if self.stderr_log is None else self.stderr_log.text(max_bytes)
+
+    async def stop(self) -> None:
+        """End the sandbox and everything in it, and remove its run directory."""
+        if self._control is not None:
+            self._control.close()  # the spawner kills the kernels and exits
+            self._control = None
+        process = self.process
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+        if self.stderr_log is not None:
+            self.stderr_log.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+class SpawnedProcess:
+    """A kernel started by the spawner, seen from the host through a pidfd.
+
+    `poll` and `wait` answer None while it runs, then -SIGKILL or 0: its real status goes to
+    the spawner (its parent), which the server does not ask. Signals go through the pidfd,
+    so a pid reused after the kernel's end is never signalled.
+    """
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._pidfd: int | None = os.pidfd_open(pid)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while the kernel runs. Ended: its pidfd is readable (every thread gone), or
+        the main thread is already dead while the others unwind (a kill takes a moment)."""
+        if self.returncode is None and self._pidfd is not None and self._gone(self._pidfd):
+            self._ended()
+        return self.returncode
+
+    def _gone(self, pidfd: int) -> bool:
+        return _readable(pidfd) or _state(self.pid) in ("Z", "X", None)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and self._pidfd is not None:
+            _readable(self._pidfd, timeout)
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+        return self.returncode if self.returncode is not None else 0
+
+    def send_signal(self, signum: int) -> None:
+        """`signum` to the kernel; SIGKILL to what it started too (its children and theirs),
+        which would otherwise live on in the sandbox its sibling kernel still uses."""
+        if self.poll() is None and self._pidfd is not None:
+            if signum == signal.SIGKILL:  # stopped first, so none of them forks meanwhile
+                watchdog.signal_trees([self.pid], signal.SIGSTOP)
+                watchdog.kill_tree(self.pid)
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _ended(self) -> None:
+        self.returncode = -signal.SIGKILL
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def make_run_dir(run_root: Path) -> Path:
+    """A new private directory for one sandbox's kernel sockets: short, random, mode 0700.
+
+    The root is created 0700 if missing, and refused when it is a link or not ours.
+    """
+    try:
+        private_dir(run_root)
+    except NotPrivate as exc:
+        raise KernelStartFailed(
+            f"run directory root {run_root} is not a directory of ours: it {exc.why}"
+        ) from exc
+    run_dir = run_root / secrets.token_hex(6)
+    run_dir.mkdir(mode=0o700)
+    return run_dir
+
+
+def _state(pid: int) -> str | None:
+    """The one-letter state of `pid` from /proc (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    return text[text.rfind(b")") + 2 :][:1].decode()
+
+
+def _readable(fd: int, timeout: float | None = 0) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])

@@ -1,0 +1,197 @@
+"""One sandbox per session: its kernels share it, and its spawner trusts nothing it is sent.
+
+The python and bash kernels of a session run in one bwrap sandbox (one set of namespaces,
+one /tmp, one view of the mounts), started by the spawner bwrap runs; the server checks the
+pid the spawner names and holds a pidfd to each kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from corral.kernels.sandbox import SessionSandbox
+from corral.kernels.session import Session
+from corral.sandbox.profile import SANDBOX_SPAWNER, SPAWNER
+from corral.service import Service
+from tests.waiting import until
+
+EXEC_S = 60
+
+
+async def run(service: Service, sid: str, code: str, language: str = "python") -> str:
+    result = await service.execute(code, session_id=sid, language=language, timeout_s=EXEC_S)
+    assert result.status == "ok", result.text()
+    return result.stdout
+
+
+def sandbox_of(service: Service, sid: str) -> SessionSandbox:
+    session: Session = service.sessions.sessions[sid]
+    assert session.run is not None and session.run.sandbox is not None
+    return session.run.sandbox
+
+
+def tree(root: int) -> set[int]:
+    return {root, *(p.pid for p in psutil.Process(root).children(recursive=True))}
+
+
+def alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_both_kernels_share_one_sandbox_its_tmp_and_its_processes(service: Service) -> None:
+    await service.create_session("both")
+    await run(service, "both", "open('/tmp/note', 'w').write('from python')")
+    assert await run(service, "both", "cat /tmp/note", language="bash") == "from python\n"
+    await run(service, "both", "sleep 321 &", language="bash")
+    seen = await run(
+        service,
+        "both",
+        "import os\n"
+        "print(any(open(f'/proc/{p}/cmdline').read().split(chr(0))[:2] == ['sleep', '321']"
+        " for p in os.listdir('/proc') if p.isdigit()))",
+    )
+    assert seen == "True\n"
+    sandbox = sandbox_of(service, "both")
+    assert sandbox.pid is not None
+    kernels = service.sessions.sessions["both"].kernels
+    assert sorted(kernels) == ["bash", "python"]
+    assert {k.pid for k in kernels.values()} <= tree(sandbox.pid)
+    bwraps = [p for p in tree(sandbox.pid) if psutil.Process(p).name() == "bwrap"]
+    assert len(bwraps) == 2  # the outer bwrap and its init inside: one sandbox, not two
+
+
+async def test_a_kernel_dropped_takes_what_it_started_and_leaves_its_sibling(
+    service: Service,
+) -> None:
+    await service.create_session("drop")
+    await run(service, "drop", "n = 41")
+    await run(service, "drop", "sleep 654 &", language="bash")
+    session = service.sessions.sessions["drop"]
+    sandbox = sandbox_of(service, "drop")
+    assert sandbox.pid is not None
+    sleeps = [p for p in tree(sandbox.pid) if psutil.Process(p).cmdline()[:2] == ["sleep", "654"]]
+    assert len(sleeps) == 1
+    await service.sessions.factory.drop_kernel(session, "bash")
+    await until(lambda: not alive(sleeps[0]), "not alive(sleeps[0])", 10)
+    assert sandbox_of(service, "drop") is sandbox and sandbox.alive()
+    assert await run(service, "drop", "print(n + 1)") == "42\n"
+    assert await run(service, "drop", "echo back", language="bash") == "back\n"
+    assert sandbox_of(service, "drop") is sandbox
+
+
+async def test_killing_the_spawner_from_inside_ends_the_sandbox_and_the_next_call_says_so(
+    service: Service,
+) -> None:
+    await service.create_session("spawner")
+    await run(service, "spawner", "n = 1")
+    first = sandbox_of(service, "spawner")
+    result = await service.execute("kill -9 2", session_id="spawner", language="bash")
+    assert result.status in ("died", "ok", "error")
+    await until(lambda: not first.alive(), "not first.alive()", 10)
+    after = await service.execute("print('fresh')", session_id="spawner", timeout_s=EXEC_S)
+    assert after.status == "ok" and after.stdout == "fresh\n"
+    assert after.kernel_restarted
+    second = sandbox_of(service, "spawner")
+    assert second is not first
+    # Killed from outside while both kernels are registered: the first call after it (bash)
+    # finds the sandbox gone, so the python kernel is said to be restarted at its next call.
+    await run(service, "spawner", "true", language="bash")
+    spawner = [
+        p for p in tree(second.pid or 0) if psutil.Process(p).cmdline()[1:2] == [SANDBOX_SPAWNER]
+    ]
+    assert len(spawner) == 1
+    os.kill(spawner[0], signal.SIGKILL)
+    await until(lambda: not second.alive(), "not second.alive()", 10)
+    assert await run(service, "spawner", "echo again", language="bash") == "again\n"
+    again = await service.execute("print('n' in dir())", session_id="spawner", timeout_s=EXEC_S)
+    assert again.stdout == "False\n" and again.kernel_restarted
+
+
+# -- the spawner on its own, as a process ------------------------------------------------
+
+
+@pytest.fixture
+def spawner() -> Iterator[tuple[socket.socket, subprocess.Popen[bytes]]]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    process = subprocess.Popen(
+        [sys.executable, str(SPAWNER), str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        start_new_session=True,
+    )
+    theirs.close()
+    ours.settimeout(10)
+    try:
+        yield ours, process
+    finally:
+        ours.close()
+        process.kill()
+        process.wait()
+
+
+def ask(control: socket.socket, message: bytes, fds: list[int]) -> dict[str, object]:
+    socket.send_fds(control, [message], fds)
+    answer = json.loads(control.recv(4096))
+    assert isinstance(answer, dict)
+    return answer
+
+
+def test_the_spawner_refuses_what_is_not_a_spawn_request(
+    spawner: tuple[socket.socket, subprocess.Popen[bytes]],
+) -> None:
+    control, _ = spawner
+    read_end, write_end = os.pipe()
+    try:
+        assert "error" in ask(control, b"not json", [write_end])
+        assert "error" in ask(control, json.dumps({"spawn": "true"}).encode(), [write_end])
+        assert "error" in ask(control, json.dumps({"spawn": [1, 2]}).encode(), [write_end])
+        assert "error" in ask(control, json.dumps({"spawn": ["true"]}).encode(), [])
+        too_long = json.dumps({"spawn": ["x" * 70_000]}).encode()
+        assert "too long" in str(ask(control, too_long, [write_end]))
+        missing = ask(control, json.dumps({"spawn": ["/nonexistent/cmd"]}).encode(), [write_end])
+        assert "/nonexistent/cmd" in str(missing["error"])
+        started = ask(control, json.dumps({"spawn": ["sleep", "30"]}).encode(), [write_end])
+        assert isinstance(started["pid"], int)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_the_spawner_ends_what_it_started_when_the_server_end_closes(
+    spawner: tuple[socket.socket, subprocess.Popen[bytes]],
+) -> None:
+    control, process = spawner
+    read_end, write_end = os.pipe()
+    try:
+        script = "import os, sys; os.write(2, b'up'); import time; time.sleep(60)"
+        started = ask(
+            control, json.dumps({"spawn": [sys.executable, "-c", script]}).encode(), [write_end]
+        )
+        os.close(write_end)
+        write_end = -1
+        pid = started["pid"]
+        assert isinstance(pid, int)
+        assert os.read(read_end, 2) == b"up"  # its stderr is the descriptor that was sent
+        assert os.getpgid(pid) == pid  # a session of its own
+        control.close()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(pid)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
