@@ -10,7 +10,7 @@ but with its own connection. Every entry has a `kind`:
     admin       an operator action: its name, its target and a JSON detail
     network     an egress decision (recorded through `record`; detail: host, port, address, ...)
     bridge      a connection to the SSH agent bridge: "relayed" or why it was refused
-    protected   protected files of a project mount the sandbox changed or created (names only)
+    protected   paths of a read-write project mount kept from the host (names only, as they happen)
     server      how the server's last run ended, when it did not stop cleanly
 
 Columns shared by every kind: `id`, `at` (epoch seconds), `kind`, `session`, `actor`, `action`

@@ -270,7 +270,10 @@ def sessions_delete(session_id: str) -> None:
     "--protect",
     multiple=True,
     metavar="RELPATH",
-    help="Another file to protect in read-write mounts, like .envrc (repeatable).",
+    help=(
+        "Another path (a file, or a folder and all it holds) that read-write mounts never "
+        "pass to the host, like tools/deploy.sh (repeatable)."
+    ),
 )
 def serve(
     host: str | None,

@@ -3,7 +3,6 @@
     CorralError
     ├── InvalidInput            the caller sent something malformed (bad id, bad path, bad value)
     │   ├── PathRefused         a workspace path that escapes (absolute, '..', through a link)
-    │   ├── ProtectionRefused   (protect) a protected path in a mount is a link or wrong type
     │   └── UnsafePath          (fsafe) a link, special file, odd name or shared directory met
     │                           on a walk; callers turn it into one of their own errors
     ├── NotFound                a named thing does not exist

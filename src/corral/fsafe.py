@@ -8,9 +8,9 @@ O_NONBLOCK` (a FIFO swapped in never blocks) and checked on its descriptor. Ther
 check-then-use race to win: a link swapped in between two calls is refused, not followed.
 `remove_tree` deletes a directory the same way: a link in it is unlinked, never entered.
 
-Callers: `files` (the workspace API), `protect` (project scans and copies), `skills` (the
+Callers: `files` (the workspace API), `protect` (the overlay sync), `skills` (the
 catalog and the archive unpacker), `kernels.projects` (mount points), `tokens` and
-`kernels.kernel` (private directories).
+`kernels.sandbox` (private directories).
 
 Errors, each an `UnsafePath` (an `InvalidInput`) with `parts`, the path up to the offending
 component, and a fixed message; callers translate them into the errors their APIs promise:

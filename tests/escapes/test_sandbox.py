@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -589,7 +590,20 @@ async def test_inject_console_input_with_tioclinux(host: Host) -> None:
     assert got == dict.fromkeys(ops, "EPERM")
 
 
-# -- protected files in a read-write project -----------------------------------------------------
+# -- trusted files in a read-write project ------------------------------------------------------
+#
+# The project is an overlay: each attempt below changes the session's own view, and the test
+# checks that nothing of it reached the host once a later pass of the sync has run.
+
+
+async def synced(host: Host) -> None:
+    """Return once the overlay's sync has made a full pass after everything run so far: a
+    fresh ordinary file written now reaches the host only through such a pass."""
+    marker = f"synced-{secrets.token_hex(4)}"
+    await py(host, f"import os\nopen('{P}/{marker}', 'w').write('x')\nprint('null')")
+    await until(lambda: (host.repo / marker).exists(), "a pass of the overlay sync")
+    await py(host, f"import os\nos.unlink('{P}/{marker}')\nprint('null')")
+    await until(lambda: not (host.repo / marker).exists(), "another pass")
 
 
 async def test_write_through_the_protected_git_config(host: Host) -> None:
@@ -598,24 +612,25 @@ async def test_write_through_the_protected_git_config(host: Host) -> None:
         host,
         {
             "append": f"open('{P}/.git/config', 'a').write('[core]\\n\\tfsmonitor = x\\n')",
-            "truncate": f"os.truncate('{P}/.git/config', 0)",
+            "chmod": f"os.chmod('{P}/.git/config', 0o666)",
             "rename": f"os.rename('{P}/.git/config', '{P}/.git/config.old')",
-            "unlink": f"os.unlink('{P}/.git/config')",
             "replace": f"os.replace('{P}/evil-config', '{P}/.git/config')",
             "link over": f"os.replace('{P}/evil-link', '{P}/.git/config')",
-            "chmod": f"os.chmod('{P}/.git/config', 0o666)",
+            "commondir": f"open('{P}/.git/commondir', 'w').write('../evil\\n')",
         },
         setup=(
             f"open('{P}/evil-config', 'w').write('[core]\\n\\thooksPath = /tmp\\n')\n"
             f"os.symlink({str(host.ssh_key)!r}, '{P}/evil-link')"
         ),
-        cleanup=f"os.unlink('{P}/evil-config')\nos.unlink('{P}/evil-link')",
     )
-    assert got["append"] == got["truncate"] == got["chmod"] == "EROFS", got
-    assert got["unlink"] == "EBUSY", got  # a mount point
-    for op in ("rename", "replace", "link over"):
-        assert got[op] in ("EBUSY", "EXDEV"), got
+    assert set(got.values()) == {"ok"}, got  # all in the session's own view
+    await synced(host)
     assert (host.repo / ".git" / "config").read_bytes() == config
+    assert not (host.repo / ".git" / "config.old").exists()
+    assert not (host.repo / ".git" / "commondir").exists()
+    await py(
+        host, f"import os\nos.unlink('{P}/.git/commondir')\nprint('null')"
+    )  # for the next attempts
 
 
 async def test_add_a_git_hook_that_the_host_would_run(host: Host) -> None:
@@ -628,25 +643,37 @@ async def test_add_a_git_hook_that_the_host_would_run(host: Host) -> None:
         f"os.chmod('{hook}', 0o755)\n"
         f"print(json.dumps(os.path.exists('{hook}')))",
     )
-    assert seen is True  # written, into the session's throw-away copy
+    assert seen is True  # written, into the session's own view
+    await synced(host)
     assert not (host.repo / ".git" / "hooks" / "pre-commit").exists()
     assert snapshot(host.repo / ".git" / "hooks") == hooks
 
 
 async def test_move_dot_git_aside(host: Host) -> None:
     before = snapshot(host.repo / ".git")
-    got = await outcomes(
+    await outcomes(
         host,
         {
             ".git": f"os.rename('{P}/.git', '{P}/git-aside')",
             ".git/hooks": f"os.rename('{P}/.git/hooks', '{P}/hooks-aside')",
             ".claude": f"os.rename('{P}/.claude', '{P}/claude-aside')",
-            "rmdir hooks": f"os.rmdir('{P}/.git/hooks')",
         },
     )
-    assert set(got.values()) <= {"EBUSY", "EXDEV"} and len(got) == 4, got
+    await synced(host)
     assert not (host.repo / "git-aside").exists()
     assert snapshot(host.repo / ".git") == before
+
+
+async def test_plant_a_new_repository_whose_config_the_host_would_run(host: Host) -> None:
+    await command(host, ["git", "init", "-q", f"{P}/planted"])
+    await py(
+        host,
+        f"open('{P}/planted/.git/config', 'a').write('[core]\\n\\tfsmonitor = touch /tmp/x\\n')"
+        "\nprint('null')",
+    )
+    await synced(host)
+    assert not (host.repo / "planted" / ".git" / "config").exists()
+    assert not (host.repo / "planted" / ".git" / "hooks").exists()
 
 
 # -- exhausting the session's limits ------------------------------------------------------------

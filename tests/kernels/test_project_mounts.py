@@ -1,8 +1,10 @@
 """Project mounts in real sandboxes: real git repositories on the host, real kernels inside.
 
 Each test builds its own project in tmp_path (a git repository with a submodule and the files
-the host trusts), configures it as the operator would (`mounts`, `protected_files`), and
-checks from inside the sandbox and then on the host what a session can and cannot change.
+the host trusts), configures it as the operator would (`mounts`, `protected_files`), plants
+from inside a real session what an attacker would, and checks the host afterwards: a
+read-write mount is an overlay whose changes reach the host through one filter, as they
+happen, and what the host would run or trust never does.
 """
 
 from __future__ import annotations
@@ -24,14 +26,22 @@ from corral.config import Settings
 from corral.errors import Conflict, InvalidInput, MountNotFound
 from corral.kernels.projects import MountBusy
 from corral.mounts import configured_mounts
-from corral.protect import DEFAULT_PROTECTED, ProtectionRefused
 from corral.service import Service
 from tests.server.conftest import free_port
 from tests.snippets import git as run_git
 from tests.snippets import snapshot
+from tests.waiting import until
 
 EXEC_S = 30.0
 EXTRA = "notes/trusted.txt"  # an operator's extra protected name (`--protect`)
+# Trusted files the host project has before the session (a new `.envrc` is the sandbox's).
+TRUSTED = (
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+    ".mcp.json",
+    ".vscode/settings.json",
+)
+MARK = "/tmp/corral-fsmonitor-ran"  # what a planted fsmonitor command would create
 P = "/workspace/proj"
 
 Git = Callable[..., str]
@@ -67,10 +77,9 @@ def repo(base: Path, git: Git) -> Path:
     git(proj, "commit", "-qm", "start")
     git(proj, "submodule", "add", "-q", str(lib), "lib")
     git(proj, "commit", "-qm", "add lib")
-    for rel in (*DEFAULT_PROTECTED, EXTRA):
-        if rel != ".envrc":  # left missing: a new one is created by the sandbox
-            (proj / rel).parent.mkdir(parents=True, exist_ok=True)
-            (proj / rel).write_text(f"host {rel}\n")
+    for rel in (*TRUSTED, EXTRA):
+        (proj / rel).parent.mkdir(parents=True, exist_ok=True)
+        (proj / rel).write_text(f"host {rel}\n")
     return proj
 
 
@@ -113,14 +122,14 @@ async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str,
     return result
 
 
-async def reported(service: Service, sid: str) -> list[list[str]]:
-    """The name lists of the session's "protected" audit entries, oldest first."""
+async def reported(service: Service, sid: str) -> list[str]:
+    """Every name in the session's "protected" audit entries, oldest first."""
     entries = (await service.audit_page(kind="protected", session=sid)).to_dict()["entries"]
-    return [entry["detail"]["names"] for entry in reversed(entries)]
+    return [name for entry in reversed(entries) for name in entry["detail"]["names"]]
 
 
-def copies_left(settings: Settings, sid: str) -> list[Path]:
-    return list((settings.sessions_dir / sid / "protected").rglob("*"))
+def layers_left(settings: Settings, sid: str) -> list[Path]:
+    return list((settings.sessions_dir / sid / "overlay").rglob("*"))
 
 
 # -- read-only and read-write ------------------------------------------------------------------
@@ -150,7 +159,7 @@ async def test_a_read_only_mount_is_visible_and_refuses_writes(
     assert snapshot(repo) == before
 
 
-async def test_files_written_in_a_read_write_mount_reach_the_host(
+async def test_what_a_session_writes_reaches_the_host_while_it_runs(
     settings: Settings, repo: Path
 ) -> None:
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
@@ -160,46 +169,55 @@ async def test_files_written_in_a_read_write_mount_reach_the_host(
             "rw",
             f"open('{P}/src/main.py', 'w').write('changed\\n')\n"
             f"os.makedirs('{P}/out/deep')\n"
-            f"open('{P}/out/deep/result.txt', 'w').write('made inside\\n')",
+            f"open('{P}/out/deep/result.txt', 'w').write('made inside\\n')\n"
+            f"os.rename('{P}/src/main.py', '{P}/src/renamed.py')",
         )
-        assert (repo / "src" / "main.py").read_text() == "changed\n"
+        await until(lambda: (repo / "out/deep/result.txt").exists(), "the new file on the host")
+        await until(lambda: not (repo / "src/main.py").exists(), "the rename on the host")
+        assert (repo / "src" / "renamed.py").read_text() == "changed\n"
         assert (repo / "out" / "deep" / "result.txt").read_text() == "made inside\n"
+        await run(service, "rw", f"rm -r {P}/out", language="bash")
+        await until(lambda: not (repo / "out").exists(), "the deletion on the host")
         await service.stop_session("rw")
-        assert await reported(service, "rw") == []  # ordinary files are not protected files
+        assert await reported(service, "rw") == []  # ordinary files are not trusted ones
+    assert layers_left(settings, "rw") == []
+
+
+async def test_the_last_changes_are_applied_when_the_session_stops(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("last", mounts=["proj"])
+        await run(service, "last", f"echo last > {P}/last.txt", language="bash")
+        await service.stop_session("last")  # at once: the stop's own pass applies it
+        assert (repo / "last.txt").read_text() == "last\n"
+
+
+async def test_layers_a_dead_server_left_are_applied_at_the_next_start(
+    settings: Settings, repo: Path
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("crash", mounts=["proj"])
+        await service.stop_session("crash")
+        upper = settings.sessions_dir / "crash" / "overlay" / "proj" / "upper"
+        (upper / ".git").mkdir(parents=True)
+        (upper / "left.txt").write_text("left by the sandbox\n")
+        (upper / ".git" / "config").write_text("[core]\n\tfsmonitor = touch /tmp/x\n")
+        await run(service, "crash", "print(1)")
+        assert (repo / "left.txt").read_text() == "left by the sandbox\n"
+        assert ".git/config" in await reported(service, "crash")
+        assert b"fsmonitor" not in (repo / ".git" / "config").read_bytes()
 
 
 # -- git --------------------------------------------------------------------------------------
 
 
-async def test_git_configs_and_git_files_are_read_only_and_cannot_be_moved(
-    settings: Settings, repo: Path
-) -> None:
-    configs = [".git/config", ".git/modules/lib/config", "lib/.git"]
-    before = {rel: (repo / rel).read_bytes() for rel in configs}
-    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
-        await service.create_session("git", mounts=["proj"])
-        ops: dict[str, str] = {}
-        for rel in configs:
-            ops[f"append {rel}"] = f"open('{P}/{rel}', 'a').write('[core]\\n')"
-            ops[f"truncate {rel}"] = f"os.truncate('{P}/{rel}', 0)"
-            ops[f"rename {rel}"] = f"os.rename('{P}/{rel}', '{P}/moved')"
-            ops[f"unlink {rel}"] = f"os.unlink('{P}/{rel}')"
-        got = await outcomes(service, "git", ops)
-        for rel in configs:
-            assert got[f"append {rel}"] == "EROFS", got
-            assert got[f"truncate {rel}"] == "EROFS", got
-            # EBUSY: a mount point; EXDEV once its folder is a mount of its own too.
-            assert got[f"rename {rel}"] in ("EBUSY", "EXDEV"), got
-            assert got[f"unlink {rel}"] == "EBUSY", got
-    assert {rel: (repo / rel).read_bytes() for rel in configs} == before
-    assert not (repo / "moved").exists()
-
-
-async def test_hooks_are_a_throw_away_copy_and_git_still_commits_inside(
+async def test_git_commits_inside_reach_the_host_and_its_config_and_hooks_do_not(
     settings: Settings, repo: Path, git: Git
 ) -> None:
     config = (repo / ".git" / "config").read_bytes()
     hooks = snapshot(repo / ".git" / "hooks")
+    status = git(repo, "status", "--porcelain")
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("hooks", mounts=["proj"])
         hook = f"{P}/.git/hooks/pre-commit"
@@ -209,99 +227,177 @@ async def test_hooks_are_a_throw_away_copy_and_git_still_commits_inside(
             f"open('{hook}', 'w').write('#!/bin/sh\\necho ran > {P}/hook-ran\\n')\n"
             f"os.chmod('{hook}', 0o755)",
         )
-        assert not (repo / ".git" / "hooks" / "pre-commit").exists()
         out = await run(
             service,
             "hooks",
-            f"cd {P} && echo inside > inside.txt && git add inside.txt && "
+            f"cd {P} && git config core.fsmonitor 'touch {MARK}'"
+            " && git config --unset core.fsmonitor"
+            " && echo inside > inside.txt && git add inside.txt && "
             "git -c user.email=a@b -c user.name=a commit -qm 'made inside' && echo committed",
             language="bash",
         )
         assert out.strip().endswith("committed"), out
         await service.stop_session("hooks")
-        assert await reported(service, "hooks") == [["proj/.git/hooks/pre-commit"]]
+        names = await reported(service, "hooks")
+    assert ".git/hooks/pre-commit" in names and ".git/config" in names, names
     assert git(repo, "log", "-1", "--format=%s").strip() == "made inside"
     assert git(repo, "show", "HEAD:inside.txt") == "inside\n"
-    assert (repo / "hook-ran").read_text() == "ran\n"  # inside, from the copy
+    after = git(repo, "status", "--porcelain").splitlines()
+    assert sorted(after) == sorted([*status.splitlines(), "?? hook-ran"])  # the hook ran inside
     assert (repo / ".git" / "config").read_bytes() == config
     assert snapshot(repo / ".git" / "hooks") == hooks
 
 
-async def test_a_new_repository_made_inside_is_reported_at_stop(
+PLANTS = {
+    # The issue's cases: each makes a host `git status` (or the next agent or editor start)
+    # run a command, if it reached the host.
+    "commondir": (
+        "mkdir -p rt-common && printf '[core]\\n\\tfsmonitor = touch {mark}\\n' > rt-common/config"
+        " && printf '../rt-common\\n' > .git/commondir"
+    ),
+    "config.worktree": "ln -s ../rt-common/config .git/config.worktree",
+    "modules": "mkdir -p .git/modules/x/hooks && echo '[core]' > .git/modules/x/config"
+    " && echo '#!/bin/sh' > .git/modules/x/hooks/post-checkout",
+    "worktrees": "mkdir -p .git/worktrees/w && echo ../.. > .git/worktrees/w/commondir",
+    "nested": "git init -q sub"
+    " && printf '[core]\\n\\tfsmonitor = touch {mark}\\n' >> sub/.git/config"
+    " && printf '#!/bin/sh\\ntouch {mark}\\n' > sub/.git/hooks/pre-commit"
+    " && chmod 755 sub/.git/hooks/pre-commit",
+    "deeper": "git init -q sub/deep",
+    "git file": "mkdir -p other && echo 'gitdir: /tmp/elsewhere' > other/.git",
+    "claude": "mkdir -p .claude && printf '%s' "
+    '\'{{"hooks": {{"SessionStart": [{{"hooks": [{{"type": "command", '
+    '"command": "touch {mark}"}}]}}]}}}}\' > .claude/settings.local.json',
+    "vscode": 'printf \'%s\' \'{{"tasks": [{{"runOptions": {{"runOn": "folderOpen"}}}}]}}\''
+    " > .vscode/tasks.json",
+    "envrc": "echo 'touch {mark}' > .envrc",
+}
+
+
+async def test_no_trusted_file_planted_inside_reaches_the_host(
+    settings: Settings, repo: Path, git: Git
+) -> None:
+    before = snapshot(repo / ".git")
+    trusted = {rel: (repo / rel).read_bytes() for rel in (*TRUSTED, EXTRA)}
+    script = " && ".join(f"( {plant.format(mark=MARK)} )" for plant in PLANTS.values())
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("plant", mounts=["proj"])
+        planted = await service.execute(
+            f"cd {P} && {script} && echo planted", session_id="plant", language="bash"
+        )
+        assert planted.stdout.endswith("planted\n"), planted.text()
+        expected = {
+            ".git/commondir",
+            ".git/config.worktree",
+            ".git/modules/x",
+            ".git/worktrees",
+            "sub/.git/config",
+            "sub/.git/hooks",
+            "sub/deep/.git/config",
+            "other/.git",
+            ".claude/settings.local.json",
+            ".vscode/tasks.json",
+            ".envrc",
+        }
+        # Reported while the session runs, not at its stop.
+        await until(
+            lambda: _reported_now(service, "plant", expected), "the reports, as they happen"
+        )
+        result = await service.execute("print('next')", session_id="plant")
+        told = f"{planted.message} {result.message}"  # whichever result came after a report
+        assert "kept from the host folder of mount 'proj'" in told, told
+        await service.stop_session("plant")
+    assert snapshot(repo / ".git") == before
+    assert {rel: (repo / rel).read_bytes() for rel in (*TRUSTED, EXTRA)} == trusted
+    for rel in (".envrc", ".claude/settings.local.json", ".vscode/tasks.json", "other/.git"):
+        assert not (repo / rel).exists() or (repo / rel).read_bytes() == trusted.get(rel), rel
+    assert not (repo / "sub" / ".git" / "config").exists()
+    assert not (repo / "sub" / ".git" / "hooks").exists()
+    assert (repo / "rt-common" / "config").exists()  # an ordinary folder: it does arrive
+    git(repo, "status")
+    git(repo / "sub", "status")
+    assert not Path(MARK).exists()  # no planted command ran on the host
+
+
+async def _reported_now(service: Service, sid: str, expected: set[str]) -> bool:
+    return expected <= set(await reported(service, sid))
+
+
+async def test_deleting_a_folder_that_holds_a_repository_is_kept_from_the_host(
+    settings: Settings, repo: Path, git: Git
+) -> None:
+    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
+        await service.create_session("rmrf", mounts=["proj"])
+        await run(service, "rmrf", f"rm -rf {P}/lib {P}/src", language="bash")
+        await service.stop_session("rmrf")
+        names = await reported(service, "rmrf")
+    assert names == ["lib"]
+    assert (repo / "lib" / ".git").is_file() and (repo / "lib" / "lib.txt").exists()
+    assert not (repo / "src").exists()  # an ordinary folder: deleted on the host too
+    assert git(repo / "lib", "log", "-1", "--format=%s").strip() == "lib"
+
+
+async def test_a_trusted_file_made_and_deleted_again_never_reaches_the_host(
     settings: Settings, repo: Path
 ) -> None:
-    """A repository the sandbox creates in a subfolder is its own (nothing of the host to
-    protect), but the host would trust its config later: the report must name it."""
+    """The report's old blind spot: a hook that lived about a second, gone by the stop."""
+    seen_on_host: list[bool] = []
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
-        await service.create_session("moved", mounts=["proj"])
+        await service.create_session("brief", mounts=["proj"])
+        hook = f"{P}/sub/.git/hooks/pre-commit"
         await run(
             service,
-            "moved",
-            f"os.makedirs('{P}/sub/.git')\n"
-            f"open('{P}/sub/.git/config', 'w').write('[core]\\n\\tfsmonitor = touch /tmp/x\\n')",
+            "brief",
+            f"mkdir -p {P}/sub/.git/hooks && echo '#!/bin/sh' > {hook} && chmod 755 {hook}",
+            language="bash",
         )
-        await service.stop_session("moved")
-        [names] = await reported(service, "moved")
-    assert {"proj/sub/.git", "proj/sub/.git/config"} <= set(names)
+        for _ in range(20):  # about a second, looking at the host all along
+            seen_on_host.append((repo / "sub" / ".git" / "hooks").exists())
+            await asyncio.sleep(0.05)
+        await run(service, "brief", f"rm -r {P}/sub", language="bash")
+        await service.stop_session("brief")
+        names = await reported(service, "brief")
+    assert "sub/.git/hooks" in names
+    assert not any(seen_on_host)
 
 
-async def test_directories_holding_protected_files_cannot_be_moved_aside(
-    settings: Settings, repo: Path
-) -> None:
-    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
-        await service.create_session("aside", mounts=["proj"])
-        dirs = [".git/modules/lib", "lib", ".claude", ".git"]
-        got = await outcomes(
-            service,
-            "aside",
-            {rel: f"os.rename('{P}/{rel}', '{P}/aside-{i}')" for i, rel in enumerate(dirs)},
-        )
-    # Each folder is a mount point (EBUSY); a rename into another mount fails first (EXDEV).
-    assert set(got) == set(dirs) and set(got.values()) <= {"EBUSY", "EXDEV"}, got
-
-
-# -- protected names --------------------------------------------------------------------------
-
-
-async def test_protected_names_are_copies_and_the_report_lists_exactly_the_changes(
+async def test_existing_trusted_files_are_the_sessions_own_to_change(
     settings: Settings, repo: Path
 ) -> None:
     secret = "CONTENT-MUST-NOT-BE-AUDITED"
-    existing = [rel for rel in (*DEFAULT_PROTECTED, EXTRA) if rel != ".envrc"]
     changed = [".claude/settings.json", ".mcp.json", EXTRA]
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("names", mounts=["proj"])
-        writes = "\n".join(
-            f"open('{P}/{rel}', 'w').write({secret!r})" for rel in [*changed, ".envrc"]
-        )
+        seen = await run(service, "names", f"print(open('{P}/.mcp.json').read(), end='')")
+        assert seen == "host .mcp.json\n"  # the host's version, read as it is
+        writes = "\n".join(f"open('{P}/{rel}', 'w').write({secret!r})" for rel in changed)
         await run(service, "names", writes)
         inside = await run(
             service, "names", f"print(open('{P}/.claude/settings.json').read(), end='')"
         )
-        assert inside == secret
-        for rel in existing:
-            assert (repo / rel).read_text() == f"host {rel}\n", rel
+        assert inside == secret  # the session sees its own version
         await service.stop_session("names")
-        [names] = await reported(service, "names")
+        names = await reported(service, "names")
         audit = json.dumps((await service.audit_page(kind="protected")).to_dict()["entries"])
-    assert names == sorted(f"proj/{rel}" for rel in [*changed, ".envrc"])
+    assert set(names) == {".claude/settings.json", ".mcp.json", EXTRA}
     assert secret not in audit
-    assert (repo / ".envrc").read_text() == secret  # not protected while missing: reported
+    for rel in (*TRUSTED, EXTRA):
+        assert (repo / rel).read_text() == f"host {rel}\n", rel
 
 
 async def test_odd_names_are_escaped_in_the_report(settings: Settings, repo: Path) -> None:
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("odd", mounts=["proj"])
-        await run(service, "odd", f"os.makedirs('{P}/odd\\nname\\x1b[31m/.git')")
+        await run(service, "odd", f"os.makedirs('{P}/odd\\nname\\x1b[31m/.git/hooks')")
         await service.stop_session("odd")
-        [names] = await reported(service, "odd")
-    assert names == ["proj/odd\\x0aname\\x1b[31m/.git"]
+        names = await reported(service, "odd")
+    assert names == ["odd\\x0aname\\x1b[31m/.git/hooks"]
 
 
 # -- links --------------------------------------------------------------------------------------
 
 
-async def test_links_cannot_replace_protected_paths_inside(
+async def test_links_made_inside_replace_nothing_the_host_trusts(
     settings: Settings, repo: Path, fake_ssh: Path
 ) -> None:
     before = snapshot(repo / ".git")
@@ -309,60 +405,19 @@ async def test_links_cannot_replace_protected_paths_inside(
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("links", mounts=["proj"])
         link = f"{P}/evil"
-        await run(service, "links", f"os.symlink({str(fake_ssh)!r}, '{link}')")
-        got = await outcomes(
+        await run(
             service,
             "links",
-            {
-                "config": f"os.replace('{link}', '{P}/.git/config')",
-                "settings": f"os.replace('{link}', '{P}/.claude/settings.json')",
-                "module config": f"os.replace('{link}', '{P}/.git/modules/lib/config')",
-                "git file": f"os.replace('{link}', '{P}/lib/.git')",
-                "hooks": f"os.replace('{link}', '{P}/.git/hooks')",
-                "hooks rmdir": f"os.rmdir('{P}/.git/hooks')",
-                "hooks rename": f"os.rename('{P}/.git/hooks', '{P}/hooks-old')",
-            },
+            f"os.symlink({str(fake_ssh)!r}, '{link}')\n"
+            f"os.replace('{link}', '{P}/.git/config')\n"
+            f"os.symlink({str(fake_ssh)!r}, '{link}')\n"
+            f"os.replace('{link}', '{P}/.claude/settings.json')\n"
+            f"os.symlink('/home', '{P}/plain-link')",
         )
-        # A mount point cannot be replaced (EBUSY), nor renamed across mounts (EXDEV; the
-        # folders holding protected paths are mounts too); a link is not a directory (EISDIR).
-        assert set(got) == {
-            "config",
-            "settings",
-            "module config",
-            "git file",
-            "hooks",
-            "hooks rmdir",
-            "hooks rename",
-        }, got
-        assert set(got.values()) <= {"EBUSY", "EXDEV", "EISDIR"}, got
-        await run(service, "links", f"os.unlink('{link}')")
+        await service.stop_session("links")
     assert snapshot(repo / ".git") == before
     assert (repo / ".claude" / "settings.json").read_bytes() == settings_json
-
-
-@pytest.mark.parametrize("rel", [".git/config", ".claude/settings.json", ".git/hooks", "lib/.git"])
-async def test_a_link_planted_on_the_host_between_sessions_refuses_the_next_start(
-    settings: Settings, repo: Path, fake_ssh: Path, rel: str
-) -> None:
-    async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
-        await service.create_session("planted", mounts=["proj"])
-        await service.stop_session("planted")
-        target = fake_ssh.parent if rel.endswith("hooks") else fake_ssh
-        victim = repo / rel
-        if victim.is_dir():
-            victim.rename(repo / "aside")
-        else:
-            victim.unlink()
-        victim.symlink_to(target)
-        with pytest.raises(ProtectionRefused) as refused:
-            await service.execute(f"open('{P}/{rel}').read()", session_id="planted")
-        message = str(refused.value)
-        assert message.startswith(f"refusing to mount 'proj': {rel} is a symbolic link"), message
-        assert "review it on the host" in message
-        session = service.sessions.sessions["planted"]
-        assert session.kernels == {} and session.run is None
-        assert service.get_session("planted").state == "failed"
-        assert copies_left(settings, "planted") == []
+    assert os.readlink(repo / "plain-link") == "/home"  # an ordinary link arrives as a link
     assert fake_ssh.read_text() == "FAKE-PRIVATE-KEY-c0ffee\n"
 
 
@@ -556,14 +611,15 @@ async def test_a_link_made_inside_cannot_steer_the_next_kernel_of_the_session(
         assert {k.pid for k in session.kernels.values()} <= tree
         assert await run(service, "swap", "print('still here')") == "still here\n"
         await service.stop_session("swap")
-        [names] = await reported(service, "swap")
-    assert "proj/sub/.git" in names
+        names = await reported(service, "swap")
+    assert "sub/.git" in names
+    assert not (repo / "sub" / ".git").exists()  # the sandbox's link stayed in its view
 
 
 # -- cleaning up --------------------------------------------------------------------------------
 
 
-async def test_stop_leaves_no_process_cgroup_or_copy(settings: Settings, repo: Path) -> None:
+async def test_stop_leaves_no_process_cgroup_or_layer(settings: Settings, repo: Path) -> None:
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("clean", mounts=["proj"])
         await run(service, "clean", "true", language="bash")
@@ -574,7 +630,7 @@ async def test_stop_leaves_no_process_cgroup_or_copy(settings: Settings, repo: P
         trees = [p for pid in pids for p in [psutil.Process(pid), *_children(pid)]]
         groups = [*getattr(box, "dirs", {}).values(), getattr(box, "dir", None)]
         groups = [g for g in groups if g is not None]
-        assert len(pids) == 2 and copies_left(settings, "clean")
+        assert len(pids) == 2 and layers_left(settings, "clean")
         # The property, whatever the mechanism: every cgroup folder the box made goes away
         # (a cgroup box makes some; a user's rlimit box makes none).
         assert bool(groups) == (box.mechanism != "rlimit")
@@ -588,7 +644,7 @@ async def test_stop_leaves_no_process_cgroup_or_copy(settings: Settings, repo: P
             await asyncio.sleep(0.05)
         assert left == []
         assert [g for g in groups if Path(g).exists()] == []
-        assert copies_left(settings, "clean") == []
+        assert layers_left(settings, "clean") == []
 
 
 def _children(pid: int) -> list[psutil.Process]:

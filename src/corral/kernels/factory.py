@@ -34,14 +34,14 @@ from corral.kernels.run import SessionRun, open_bridge
 from corral.kernels.sandbox import SessionSandbox, make_run_dir
 from corral.kernels.session import Session
 from corral.mounts import overlapping
-from corral.protect import validate_protected_names
+from corral.protect import escape_name, validate_protected_names
 from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
 from corral.sandbox.fontcache import FontCache
 from corral.sandbox.launch import Output, start_sandbox
 from corral.sandbox.leftovers import Janitor, sweep_leftovers
 from corral.sandbox.limits import Limits, choose_mechanism
-from corral.sandbox.policy import Bind, SandboxPolicy
+from corral.sandbox.policy import Mount, SandboxPolicy
 from corral.sandbox.profile import (
     SessionPaths,
     default_policy,
@@ -65,6 +65,19 @@ FONT_BUILD_TMP_BYTES = 64 << 20  # the /tmp of the sandbox that builds matplotli
 
 # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
 EventHook = Callable[[str, str, str, dict[str, Any]], None]
+KEPT_NAMES_SHOWN = 10  # names a session note lists of the paths kept from the host
+
+
+def kept_note(mount: str, shown: list[str]) -> str:
+    """What the agent reads when a path it wrote in a read-write mount stays in the sandbox."""
+    names = ", ".join(shown[:KEPT_NAMES_SHOWN])
+    if len(shown) > KEPT_NAMES_SHOWN:
+        names += f" and {len(shown) - KEPT_NAMES_SHOWN} more"
+    return (
+        f"kept from the host folder of mount {mount!r}: {names}. These are files the host "
+        "would run or read as settings (git's control files, agent and editor settings); "
+        "this session sees its own version, the host folder keeps its own"
+    )
 
 
 class EgressSockets(Protocol):
@@ -143,7 +156,7 @@ class KernelFactory:
         home_size_bytes: int | None = None,
         egress_socket: Path | None = None,
         forward_env: Sequence[tuple[str, str]] = (),
-        extra_binds: Sequence[Bind] = (),
+        extra_binds: Sequence[Mount] = (),
     ) -> SandboxPolicy:
         """The default profile over `paths`, with this host's runtime and identity files."""
         return default_policy(
@@ -216,7 +229,7 @@ class KernelFactory:
             tmp_size_bytes=session.limits.tmp_bytes,
             egress_socket=socket,
             forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
-            extra_binds=self.skill_binds + extras.binds,
+            extra_binds=(*self.skill_binds, *extras.binds),
         )
         sandbox = SessionSandbox(
             policy.with_run_dir(run_dir),
@@ -270,6 +283,7 @@ class KernelFactory:
         """The session's run, opened with its first kernel: limit box, bridge, mounts."""
         if session.run is not None:
             return session.run
+        loop = asyncio.get_running_loop()
         box = self.make_box(session.id, session.limits)
         run = SessionRun(box, asyncio.create_task(box.watch(), name="corral-limit-watchdog"))
         try:
@@ -277,7 +291,8 @@ class KernelFactory:
             if session.options.get("bridge"):
                 hook = functools.partial(self._bridge_used, session.id)
                 run.bridge, run.bridge_dir = await open_bridge(self.settings.run_root, hook)
-            run.mounts = await asyncio.to_thread(self._prepare_mounts, session)
+            run.mounts = await asyncio.to_thread(self._prepare_mounts, session, loop)
+            run.start_syncing()
         except BaseException:
             await run.close()
             raise
@@ -285,23 +300,18 @@ class KernelFactory:
         return run
 
     async def close_run(self, session: Session) -> None:
-        """Close the session's run; protected files it changed are logged and reported."""
+        """Close the session's run (the overlays' last pass included)."""
         run, session.run = session.run, None
         if run is None:
             return
         if self._runs.get(session.id) is run:
             del self._runs[session.id]
-        changed = await run.close()
-        await asyncio.to_thread(shutil.rmtree, self._copies_dir(session.id), True)
-        if changed:
-            log.warning(
-                "session %s changed or created protected files: %s",
-                session.id,
-                ", ".join(changed),
-            )
-            self._emit("protected", session.id, "changed", {"names": changed})
+        await run.close()
+        await asyncio.to_thread(shutil.rmtree, self._layers_dir(session.id), True)
 
-    def _prepare_mounts(self, session: Session) -> list[PreparedMount]:
+    def _prepare_mounts(
+        self, session: Session, loop: asyncio.AbstractEventLoop
+    ) -> list[PreparedMount]:
         names = session.options.get("mounts", [])
         missing = [name for name in names if name not in self.mounts]
         if missing:
@@ -312,9 +322,10 @@ class KernelFactory:
         return prepare_mounts(
             [self.mounts[name] for name in names],
             session.paths.workspace,
-            self._copies_dir(session.id),
+            self._layers_dir(session.id),
             self.protected_extra,
             functools.partial(self._rw_holder, session.id),
+            functools.partial(self._dropped_soon, loop, session),
         )
 
     def _rw_holder(self, session_id: str, path: Path) -> str | None:
@@ -327,8 +338,22 @@ class KernelFactory:
                     return other
         return None
 
-    def _copies_dir(self, session_id: str) -> Path:
-        return self.settings.sessions_dir / session_id / "protected"
+    def _layers_dir(self, session_id: str) -> Path:
+        return self.settings.sessions_dir / session_id / "overlay"
+
+    def _dropped_soon(
+        self, loop: asyncio.AbstractEventLoop, session: Session, mount: str, paths: list[str]
+    ) -> None:
+        """From the sync's thread: `_dropped` on the event loop."""
+        loop.call_soon_threadsafe(self._dropped, session, mount, paths)
+
+    def _dropped(self, session: Session, mount: str, paths: list[str]) -> None:
+        """Paths the sandbox wrote that the host would run or trust, kept from the host:
+        logged, audited and told to the session in its next result."""
+        shown = [escape_name(path) for path in paths]
+        log.warning("session %s: not applied to mount %s: %s", session.id, mount, ", ".join(shown))
+        self._emit("protected", session.id, "kept", {"mount": mount, "names": shown})
+        session.notes.append(kept_note(mount, shown))
 
     def _bridge_used(self, session_id: str, service: str, outcome: str) -> None:
         self._emit("bridge", session_id, outcome, {"service": service})

@@ -1,31 +1,35 @@
-"""Project mounts of one session: the operator's folders under /workspace/NAME, protected.
+"""Project mounts of one session: the operator's folders under /workspace/NAME.
 
 A session names some of the operator's mounts (`corral.mounts`) when it is created. When its
-first kernel starts, each mount gets a real, empty mount point in the workspace (made here,
-through a directory descriptor: bwrap never has to create it), and each read-write mount is
-scanned for what the host trusts (`corral.protect`): per-session copies are bound over those
-files. When the last kernel stops, the copies are compared and the names of the protected
-files the sandbox changed or created are returned for the operator and the audit log.
+sandbox starts, each mount gets a real, empty mount point in the workspace (made here,
+through a directory descriptor: bwrap never has to create it). A read-only mount is a
+read-only bind. A read-write mount is an overlay: the sandbox reads the host folder as it is
+and writes into a per-session upper layer, which `protect.sync.OverlaySync` applies to the
+host folder as it changes, dropping (and reporting, through `on_dropped`) every path the
+host would run or trust (`protect.trusted`). The last pass runs when the sandbox has ended.
 
 A folder may be mounted read-write by one running session at a time (overlapping folders
-count), so no other sandbox can swap a path while a sandbox's mounts are being set up.
+count): two overlays over one folder would each apply its own view.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-import shutil
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import Conflict, InvalidInput, MountNotFound
 from corral.fsafe import closing, lstat_at, open_dir_at
 from corral.mounts import MountSpec, check_name, overlapping
-from corral.protect import Plan, ProtectedBind, changes, escape_name, prepare, scan
-from corral.sandbox.policy import WORKSPACE, Bind
+from corral.protect import escape_name
+from corral.protect.sync import OverlaySync, remove_layers
+from corral.sandbox.policy import WORKSPACE, Bind, Mount, Overlay
+
+DroppedHook = Callable[[str, list[str]], None]  # (mount name, paths dropped)
 
 
 class MountBusy(Conflict):
@@ -34,45 +38,27 @@ class MountBusy(Conflict):
 
 @dataclass
 class PreparedMount:
-    """One mount of a running session: its spec, and for read-write ones the protection."""
+    """One mount of a running session: its spec, and for a read-write one its overlay's
+    folders (`layers`: `upper/` and `work/`) and the sync that applies them."""
 
     spec: MountSpec
-    plan: Plan | None
-    protected: list[ProtectedBind]
-    copies_dir: Path
+    layers: Path
+    sync: OverlaySync | None = None
 
-    def binds(self) -> tuple[Bind, ...]:
-        """The project, then each folder that holds a protected path bound onto itself, then
-        the copies. A mount point cannot be renamed or removed from inside, so the sandbox
-        cannot move `.git` (or `.claude`, ...) aside and build its own beside the copies."""
+    def binds(self) -> tuple[Mount, ...]:
         dest = f"{WORKSPACE}/{self.spec.name}"
-        binds = [Bind(self.spec.path, dest, writable=self.spec.writable)]
-        binds += [
-            Bind(self.spec.path / folder, f"{dest}/{folder}", writable=True)
-            for folder in holding_folders(p.rel for p in self.protected)
-        ]
-        binds += [Bind(p.source, f"{dest}/{p.rel}", writable=p.writable) for p in self.protected]
-        return tuple(binds)
+        if self.sync is None:
+            return (Bind(self.spec.path, dest),)
+        return (Overlay(self.spec.path, self.layers / "upper", self.layers / "work", dest),)
 
-    def report(self) -> list[str]:
-        """The protected files the sandbox changed or created; removes the copies."""
+    def close(self) -> None:
+        """The last pass of the sync, once the sandbox has ended; then the layers go."""
+        if self.sync is None:
+            return
         try:
-            if self.plan is None:
-                return []
-            return changes(self.plan, self.protected, self.spec.path)
+            self.sync.sync()
         finally:
-            shutil.rmtree(self.copies_dir, ignore_errors=True)
-
-
-def holding_folders(rels: Iterable[str]) -> list[str]:
-    """Every folder on the way to the protected paths, shallowest first: '.git/modules/a/config'
-    gives '.git', '.git/modules', '.git/modules/a'."""
-    folders = {
-        "/".join(parts[:depth])
-        for parts in (rel.split("/") for rel in rels)
-        for depth in range(1, len(parts))
-    }
-    return sorted(folders, key=lambda folder: (folder.count("/"), folder))
+            remove_layers(self.layers)
 
 
 def choose_mounts(names: Sequence[str], configured: dict[str, MountSpec]) -> list[str]:
@@ -99,22 +85,26 @@ def choose_mounts(names: Sequence[str], configured: dict[str, MountSpec]) -> lis
 def prepare_mounts(
     specs: Sequence[MountSpec],
     workspace: Path,
-    copies_root: Path,
+    layers_root: Path,
     extra_protected: Sequence[str],
     holder: Callable[[Path], str | None],
+    on_dropped: DroppedHook,
 ) -> list[PreparedMount]:
-    """Mount points, exclusivity checks and protected copies for one session run.
+    """Mount points, exclusivity checks and overlay folders for one session run.
 
     `holder(path)` names another running session holding an overlapping folder read-write,
-    or None. Raises `MountBusy`, `InvalidInput` (a bad mount point) or `ProtectionRefused`.
+    or None. Layers a server that died left are applied first. Raises `MountBusy` or
+    `InvalidInput` (a bad mount point).
     """
     prepared: list[PreparedMount] = []
     try:
         for spec in specs:
-            prepared.append(_prepare_one(spec, workspace, copies_root, extra_protected, holder))
+            prepared.append(
+                _prepare_one(spec, workspace, layers_root, extra_protected, holder, on_dropped)
+            )
     except Exception:
         for mount in prepared:
-            shutil.rmtree(mount.copies_dir, ignore_errors=True)
+            remove_layers(mount.layers)
         raise
     return prepared
 
@@ -122,9 +112,10 @@ def prepare_mounts(
 def _prepare_one(
     spec: MountSpec,
     workspace: Path,
-    copies_root: Path,
+    layers_root: Path,
     extra_protected: Sequence[str],
     holder: Callable[[Path], str | None],
+    on_dropped: DroppedHook,
 ) -> PreparedMount:
     if spec.writable and (other := holder(spec.path)) is not None:
         raise MountBusy(
@@ -134,17 +125,17 @@ def _prepare_one(
     if not spec.path.is_dir():
         raise InvalidInput(f"mount {spec.name!r}: {spec.path} is no longer a directory")
     make_mount_point(workspace, spec.name)
-    copies_dir = copies_root / spec.name
-    shutil.rmtree(copies_dir, ignore_errors=True)
+    layers = layers_root / spec.name
     if not spec.writable:
-        return PreparedMount(spec, None, [], copies_dir)
-    plan = scan(spec.path, extra_protected, name=spec.name)
-    try:
-        protected = prepare(plan, spec.path, copies_dir)
-    except Exception:
-        shutil.rmtree(copies_dir, ignore_errors=True)
-        raise
-    return PreparedMount(spec, plan, protected, copies_dir)
+        return PreparedMount(spec, layers)
+    report = functools.partial(on_dropped, spec.name)
+    if layers.exists():  # left by a server that died while the session ran
+        left = OverlaySync(spec.path, layers / "upper", extra_protected, report)
+        PreparedMount(spec, layers, left).close()
+    for folder in (layers, layers / "upper", layers / "work"):
+        folder.mkdir(mode=0o700, parents=True)
+    sync = OverlaySync(spec.path, layers / "upper", extra_protected, report)
+    return PreparedMount(spec, layers, sync)
 
 
 def make_mount_point(workspace: Path, name: str) -> None:

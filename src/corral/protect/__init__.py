@@ -1,56 +1,25 @@
 """Files inside a read-write project mount that the host later executes or trusts.
 
-A sandbox that can write a project could plant a git hook, a `core.fsmonitor` line in
-`.git/config`, or an editor/agent setting that runs a command, and the host would run it the
-next time the developer uses the project. So, for a read-write mount:
+A sandbox that can write a project could plant a git hook, a `core.fsmonitor` line in a
+`.git/config` (or a new `.git/commondir` pointing at one), or an editor or agent setting that
+runs a command, and the host would run it the next time the developer uses the project. So a
+read-write project is an overlay inside the sandbox (`corral.kernels.projects`), and the
+sandbox's writes reach the host folder only through `OverlaySync` (`protect.sync`), which
+judges every path with `verdict` (`protect.trusted`): what the host would run or trust is
+kept in the session's own view and reported as it happens.
 
-1. `scan` (`protect.scan`) walks the project once on the host, before the session starts,
-   and lists what to protect (a `Plan`); a protected path reached through a link, or of the
-   wrong type, is refused.
-2. `prepare` (`protect.copies`) makes per-session copies in a server-owned private directory,
-   opening every source without following a link, and fingerprints each copy
-   (`protect.fingerprint`). The caller bind-mounts each copy (`ProtectedBind`) over its `rel`.
-3. `changes` (`protect.compare`), at session end, names the protected files the sandbox
-   changed or created.
-
-The data passed between the steps is in `protect.plan`; names, their escaping for reports
-and the refusal are in `protect.names`; copying bytes (a reflink when possible) is
-`protect.clone`. Nothing here follows a symbolic link (every open goes through
-`corral.fsafe`); every walk is bounded (entries, depth, one filesystem).
-
-Errors: `ProtectionRefused` (an `InvalidInput`) for a refused project; `InvalidInput` for a bad
-extra name. Other operating-system errors propagate.
+Names in messages and reports pass through `escape_name` (`protect.names`); the operator's
+extra protected names are checked by `validate_protected_names`.
 """
 
-from corral.protect.clone import FICLONE, clone_or_copy
-from corral.protect.compare import changes
-from corral.protect.copies import MAX_COPY_BYTES, MAX_HOOK_ENTRIES, prepare
-from corral.protect.names import (
-    DEFAULT_PROTECTED,
-    ProtectionRefused,
-    escape_name,
-    validate_protected_names,
-)
-from corral.protect.plan import MAX_DEPTH, Fingerprint, Item, Kind, Plan, ProtectedBind, Stamp
-from corral.protect.scan import scan
+from corral.protect.names import escape_name, validate_protected_names
+from corral.protect.sync import OverlaySync, remove_layers
+from corral.protect.trusted import verdict
 
 __all__ = [
-    "DEFAULT_PROTECTED",
-    "FICLONE",
-    "MAX_COPY_BYTES",
-    "MAX_DEPTH",
-    "MAX_HOOK_ENTRIES",
-    "Fingerprint",
-    "Item",
-    "Kind",
-    "Plan",
-    "ProtectedBind",
-    "ProtectionRefused",
-    "Stamp",
-    "changes",
-    "clone_or_copy",
+    "OverlaySync",
     "escape_name",
-    "prepare",
-    "scan",
+    "remove_layers",
     "validate_protected_names",
+    "verdict",
 ]

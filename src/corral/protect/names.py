@@ -1,4 +1,4 @@
-"""The names protection is about: the default protected names, operator extras, escaping.
+"""The operator's extra protected names, and the escaping of names in messages and reports.
 
 Names in messages and reports pass through `escape_name`: printable ASCII stays, non-ASCII
 letters, marks and digits stay, a backslash becomes two, an undecodable byte and an ASCII
@@ -14,19 +14,6 @@ import unicodedata
 from collections.abc import Sequence
 
 from corral.errors import InvalidInput
-
-DEFAULT_PROTECTED = (
-    ".claude/settings.json",
-    ".claude/settings.local.json",
-    ".mcp.json",
-    ".vscode/settings.json",
-    ".vscode/tasks.json",
-    ".envrc",
-)
-
-
-class ProtectionRefused(InvalidInput):
-    """A project cannot be mounted read-write: a protected path is a link or of the wrong type."""
 
 
 def validate_protected_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -55,17 +42,6 @@ def escape_name(name: str | bytes) -> str:
     """`name` made safe to show: see the module docstring for the rule. One to one."""
     text = os.fsdecode(name) if isinstance(name, bytes) else name
     return "".join(_escape_char(ch) for ch in text)
-
-
-def refusal(name: str, rel: str, why: str) -> ProtectionRefused:
-    """The refusal to mount project `name` because of `rel` (its root when empty)."""
-    where = escape_name(rel) if rel else "the project folder"
-    return ProtectionRefused(f"refusing to mount '{escape_name(name)}': {where} {why}")
-
-
-def join(prefix: str, name: str) -> str:
-    """`prefix/name`, or `name` at the root."""
-    return f"{prefix}/{name}" if prefix else name
 
 
 def _escape_char(ch: str) -> str:

@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Sequence
 
 from corral.errors import SandboxUnavailable
-from corral.sandbox.policy import Bind, SandboxPolicy
+from corral.sandbox.policy import Mount, Overlay, SandboxPolicy
 
 # Flags every sandbox gets, whatever the policy: all namespaces, no way to make new user
 # namespaces, no capabilities, no controlling terminal to inject keystrokes into, and death
@@ -55,8 +55,8 @@ def build_argv(
     argv += ["--proc", "/proc", *_proc_hardening(policy), "--dev", "/dev"]
     for tmp in policy.tmpfs:
         argv += ["--perms", f"{tmp.mode:o}", "--size", str(tmp.size_bytes), "--tmpfs", tmp.dest]
-    for bind in policy.binds:
-        argv += _bind_args(bind)
+    for mount in policy.binds:
+        argv += _bind_args(mount)
     for key, value in policy.env:
         argv += ["--setenv", key, value]
     # The root itself stays read-only: nothing can be created outside the mounts above.
@@ -83,7 +83,16 @@ def _proc_hardening(policy: SandboxPolicy) -> list[str]:
     return [*args, "--remount-ro", "/proc"]
 
 
-def _bind_args(bind: Bind) -> list[str]:
+def _bind_args(bind: Mount) -> list[str]:
+    if isinstance(bind, Overlay):
+        return [
+            "--overlay-src",
+            str(bind.lower),
+            "--overlay",
+            str(bind.upper),
+            str(bind.work),
+            bind.dest,
+        ]
     flag = "--bind" if bind.writable else "--ro-bind"
     return [flag, str(bind.source), bind.dest]
 

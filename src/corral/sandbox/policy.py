@@ -27,6 +27,21 @@ class Bind:
 
 
 @dataclass(frozen=True)
+class Overlay:
+    """Host folder `lower` shown at `dest` as an overlay: the sandbox reads it as it is and
+    writes into `upper` (with `work`, overlayfs's scratch folder on the same filesystem);
+    nothing it does reaches `lower` itself."""
+
+    lower: Path
+    upper: Path
+    work: Path
+    dest: str
+
+
+Mount = Bind | Overlay
+
+
+@dataclass(frozen=True)
 class Tmpfs:
     """A fresh in-memory filesystem at `dest`, at most `size_bytes` large."""
 
@@ -55,7 +70,7 @@ class SandboxPolicy:
     system: tuple[Bind, ...]
     symlinks: tuple[Symlink, ...]
     tmpfs: tuple[Tmpfs, ...]
-    binds: tuple[Bind, ...]
+    binds: tuple[Mount, ...]
     env: tuple[tuple[str, str], ...]
     cwd: str = WORKSPACE
     hostname: str = "corral"
@@ -69,5 +84,6 @@ class SandboxPolicy:
     empty_dir: Path | None = None
 
     def with_run_dir(self, run_dir: Path) -> SandboxPolicy:
-        """This policy with one kernel's run directory (its sockets) at `SANDBOX_RUN_DIR`."""
+        """This policy with a session sandbox's run directory (its kernels' sockets) at
+        `SANDBOX_RUN_DIR`."""
         return replace(self, binds=(*self.binds, Bind(run_dir, SANDBOX_RUN_DIR, writable=True)))

@@ -20,6 +20,7 @@ from corral.sandbox.policy import (
     SANDBOX_USER,
     WORKSPACE,
     Bind,
+    Mount,
     SandboxPolicy,
     Symlink,
     Tmpfs,
@@ -68,7 +69,7 @@ def default_policy(
     home_size_bytes: int,
     egress_socket: Path | None = None,
     forward_env: tuple[tuple[str, str], ...] = (),
-    extra_binds: tuple[Bind, ...] = (),
+    extra_binds: tuple[Mount, ...] = (),
     host_root: Path = Path("/"),
 ) -> SandboxPolicy:
     """The policy for one session's kernels. Reads only which host paths exist.
@@ -77,7 +78,7 @@ def default_policy(
     and that directory are shown inside and the proxy variables point at the forwarder;
     without it the sandbox has no way out at all.
     `forward_env` holds the host variables the operator chose to pass in (validated names);
-    `extra_binds` come last (project mounts and their protected copies, the agent bridge).
+    `extra_binds` come last (project mounts, the agent bridge).
     """
     system, links = _system_mounts(host_root)
     system += _identity_binds(identity_dir)
