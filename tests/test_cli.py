@@ -89,7 +89,9 @@ def test_doctor_reports_a_working_sandbox(cli) -> None:  # type: ignore[no-untyp
     assert done.returncode == 0, done.stdout + done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)}
     assert all(c["ok"] for c in checks.values())
-    assert {"bwrap", "seccomp", "user namespaces", "sandbox python", "limits"} <= set(checks)
+    assert {"bwrap", "seccomp", "user namespaces", "overlay", "sandbox python", "limits"} <= set(
+        checks
+    )
 
 
 def test_doctor_explains_a_bwrap_that_cannot_make_namespaces(  # type: ignore[no-untyped-def]

@@ -90,6 +90,8 @@ def run_checks(settings: Settings) -> list[Check]:
     if bwrap is not None:
         userns = _check_userns(bwrap)
         checks.append(userns)
+        if userns.ok:
+            checks.append(_check_overlay(bwrap))
         if userns.ok and checks[1].ok:
             checks.extend(_check_sandbox(bwrap, settings))
     checks += _check_limits(settings)
@@ -236,6 +238,34 @@ def _check_userns(bwrap: str) -> Check:
     if probe.returncode == 0:
         return Check("user namespaces", True, "bwrap can create user and network namespaces")
     return Check("user namespaces", False, probe.stderr.strip() or "bwrap failed", _userns_fix())
+
+
+def _check_overlay(bwrap: str) -> Check:
+    """Whether a read-write project mount can start here: bwrap makes an overlay in a user
+    namespace, a write inside lands in the upper layer, and the lower folder stays as it was."""
+    with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
+        lower, upper, work = (Path(tmp) / name for name in ("lower", "upper", "work"))
+        for folder in (lower, upper, work):
+            folder.mkdir()
+        overlay = ["--overlay-src", str(lower), "--overlay", str(upper), str(work), "/mnt/p"]
+        write = ["/bin/sh", "-c", "echo x > /mnt/p/probe"]
+        probe = subprocess.run(
+            [bwrap, "--unshare-user", "--ro-bind", "/", "/", "--tmpfs", "/mnt", *overlay, *write],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        landed = (upper / "probe").exists() and not (lower / "probe").exists()
+    if probe.returncode == 0 and landed:
+        return Check("overlay", True, "read-write project mounts are overlays (Linux 5.11+)")
+    return Check(
+        "overlay",
+        False,
+        probe.stderr.strip()[-500:] or "a write inside did not land in the upper layer",
+        "read-write project mounts need overlayfs in a user namespace (Linux 5.11 or newer, "
+        "bwrap 0.11 or newer); mount projects read-only (NAME=PATH:ro) meanwhile",
+    )
 
 
 def _userns_fix() -> str:

@@ -271,7 +271,9 @@ class Service:
         self, session_id: str | None = None, *, actor: str = "agent", mounts: Sequence[str] = ()
     ) -> SessionInfo:
         """A new session, or a stopped one started again (audited as `started`)."""
-        known = self.sessions.sessions.get(validate_session_id(session_id)) if session_id else None
+        if session_id is not None:  # "" or 0 is a bad id, not "choose one for me"
+            validate_session_id(session_id)
+        known = self.sessions.sessions.get(session_id) if session_id is not None else None
         info = await self.sessions.create(session_id, mounts=mounts)
         self._audit_session(info.id, "started" if known is not None else "created", actor)
         return info

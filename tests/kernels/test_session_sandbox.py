@@ -162,8 +162,10 @@ def test_the_spawner_refuses_what_is_not_a_spawn_request(
         assert "too long" in str(ask(control, too_long, [write_end]))
         missing = ask(control, json.dumps({"spawn": ["/nonexistent/cmd"]}).encode(), [write_end])
         assert "/nonexistent/cmd" in str(missing["error"])
-        started = ask(control, json.dumps({"spawn": ["sleep", "30"]}).encode(), [write_end])
-        assert isinstance(started["pid"], int)
+        started = ask(
+            control, json.dumps({"spawn": ["sleep", "30"], "id": 7}).encode(), [write_end]
+        )
+        assert isinstance(started["pid"], int) and started["id"] == 7  # the number echoed
     finally:
         os.close(read_end)
         os.close(write_end)

@@ -85,14 +85,47 @@ def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
     thread.join(60)
 
 
+def settings_at(root: Path, run: Path, **changes: Any) -> Settings:
+    """Test settings for a server with its state and config under `root`, on a free port."""
+    settings = make_settings(root / "state", run)
+    return replace(settings, config_dir=root / "config", port=free_port(), **changes)
+
+
+@contextlib.contextmanager
+def generated_requests_server(root: Path) -> Iterator[RunningServer]:
+    """A server of its own for generated requests: they create, restart and delete sessions
+    up to its small cap and run generated code, which would disturb a shared server. Its
+    limits are short, so no generated code holds a request long. It has no Chromium: a
+    browser route checks its request and answers that no browser is there, at once (loading
+    pages is tested in tests/browser and test_browser_api)."""
+    run = Path(tempfile.mkdtemp(prefix="crgr", dir="/tmp"))
+    settings = settings_at(
+        root,
+        run,
+        max_sessions=4,
+        exec_timeout_s=5.0,
+        interrupt_grace_s=1.0,
+        max_output_bytes=20_000,
+        max_body_bytes=200_000,
+        max_upload_bytes=1_000_000,
+        browser_chromium=str(root / "no-chromium"),
+    )
+    tokens = load_tokens(settings.config_dir, env={})
+    running, uv, thread = start_server(settings, tokens)
+    try:
+        yield running
+    finally:
+        stop_server(uv, thread)
+        shutil.rmtree(run, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     root = tmp_path_factory.mktemp("server")
     run = Path(tempfile.mkdtemp(prefix="crv", dir="/tmp"))
-    settings = replace(
-        make_settings(root / "state", run),
-        config_dir=root / "config",
-        port=free_port(),
+    settings = settings_at(
+        root,
+        run,
         max_upload_bytes=1_000_000,
         max_body_bytes=200_000,
         progress_interval_s=0.5,

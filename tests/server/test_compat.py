@@ -153,3 +153,16 @@ def test_a_session_body_that_is_not_an_object_is_refused_and_starts_nothing(
                 "error": 'The body must be a JSON object, such as {"session_id": "s1"}, or empty.'
             }
         assert http.get("/v1/sessions").json()["sessions"] == before
+
+
+def test_a_session_id_that_is_empty_or_not_text_is_refused_and_starts_nothing(
+    server: RunningServer,
+) -> None:
+    """Found by the conformance run: `""`, 0 or false used to mean "choose an id"."""
+    with server.client() as http:
+        before = http.get("/v1/sessions").json()["sessions"]
+        for session_id in ("", 0, False, "../x", 7):
+            answer = http.post("/v1/sessions/session", json={"session_id": session_id})
+            assert answer.status_code == 400, answer.text
+            assert "invalid session id" in answer.json()["error"]
+        assert http.get("/v1/sessions").json()["sessions"] == before

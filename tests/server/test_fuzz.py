@@ -22,11 +22,7 @@ case for long.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,14 +44,11 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.config._checks import NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES
 
 from corral.server.openapi import document
-from corral.tokens import load_tokens
-from tests.conftest import make_settings
-from tests.server.conftest import RunningServer, free_port, start_server, stop_server
+from tests.server.conftest import RunningServer, generated_requests_server
 
 SEED = 20_261_129
 MAX_EXAMPLES = 25  # per operation
-REQUEST_TIMEOUT_S = 30.0  # per request; an execution is capped far lower, at EXEC_TIMEOUT_S
-EXEC_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 30.0  # per request; the server caps an execution far lower (5 s)
 # A session that exists, so that requests reach real sessions as well as unknown ids.
 KNOWN_SESSION = "fuzz-known"
 # Refusals a JSON schema cannot state, each named in its operation's description: a value
@@ -146,32 +139,8 @@ OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_o
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A real server of its own, with short execution limits and a small session cap.
-
-    It has no Chromium: a browser route checks its request and answers that no browser is
-    there, at once. Loading pages is tested in tests/browser and tests/server/test_browser_api;
-    here a page per generated URL would take most of a minute per operation."""
-    root = tmp_path_factory.mktemp("fuzz")
-    run = Path(tempfile.mkdtemp(prefix="crfz", dir="/tmp"))
-    server_settings = replace(
-        make_settings(root / "state", run),
-        config_dir=root / "config",
-        port=free_port(),
-        max_sessions=4,
-        exec_timeout_s=EXEC_TIMEOUT_S,
-        interrupt_grace_s=1.0,
-        max_output_bytes=20_000,
-        max_body_bytes=200_000,
-        max_upload_bytes=1_000_000,
-        browser_chromium=str(root / "no-chromium"),
-    )
-    tokens = load_tokens(server_settings.config_dir, env={})
-    running, uv, thread = start_server(server_settings, tokens)
-    try:
+    with generated_requests_server(tmp_path_factory.mktemp("fuzz")) as running:
         yield running
-    finally:
-        stop_server(uv, thread)
-        shutil.rmtree(run, ignore_errors=True)
 
 
 def test_fuzzed_document_is_the_one_the_server_serves(fuzz_server: RunningServer) -> None:
@@ -268,3 +237,11 @@ def test_rest_api_answers_generated_requests_without_5xx_and_as_documented(
         )
 
     fuzz()
+
+
+def test_an_upload_body_is_optional_as_the_server_treats_it() -> None:
+    """Found by the conformance run: the server writes an empty file without a body."""
+    put = document()["paths"]["/v1/sessions/{id}/files/content"]["put"]
+    assert put["requestBody"]["required"] is False
+    skills = document()["paths"]["/v1/admin/skills"]["post"]
+    assert skills["requestBody"]["required"] is True

@@ -281,6 +281,16 @@ def test_audit_records_executions_and_pages(server: RunningServer, sid: str) -> 
         assert [e["action"] for e in events["entries"]] == ["created"]
 
 
+def test_an_audit_page_past_the_documented_limit_is_refused(server: RunningServer) -> None:
+    """Found by the conformance run: ?limit=1001 used to be clamped where the document says
+    at most 1000."""
+    with server.client("admin") as admin:
+        assert admin.get("/v1/admin/audit", params={"limit": 1000}).status_code == 200
+        refused = admin.get("/v1/admin/audit", params={"limit": 1001})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "limit must be at most 1000, not 1001"
+
+
 def test_admin_can_stop_any_session_and_it_is_audited(server: RunningServer, sid: str) -> None:
     with server.client("admin") as admin:
         stopped = admin.post(f"/v1/admin/sessions/{sid}/stop")

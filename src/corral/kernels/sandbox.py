@@ -53,7 +53,8 @@ class SessionSandbox:
         self.process: subprocess.Popen[bytes] | None = None
         self.stderr_log: StderrTail | None = None
         self._control: socket.socket | None = None
-        self._asking = asyncio.Lock()  # one request at a time: replies come in order
+        self._asking = asyncio.Lock()  # one request at a time
+        self._requests = 0  # numbers each request; its answer echoes the number
 
     def start(self, launcher: list[str], box: LimitBox | None) -> None:
         """Start bwrap and the spawner (inside `box` before anything runs). Raises
@@ -105,18 +106,23 @@ class SessionSandbox:
         if control is None or not self.alive():
             raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
         loop = asyncio.get_running_loop()
-        message = json.dumps({"spawn": argv}).encode()
+        self._requests += 1
+        number = self._requests
+        message = json.dumps({"spawn": argv, "id": number}).encode()
         socket.send_fds(control, [message], [stderr_fd])
-        try:
-            reply = await loop.sock_recv(control, MAX_REPLY)
-        except OSError as exc:
-            raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}") from exc
-        if not reply:
-            raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
-        try:
-            return json.loads(reply)
-        except ValueError:
-            return None
+        while True:  # an answer to an earlier request given up on is passed over
+            try:
+                reply = await loop.sock_recv(control, MAX_REPLY)
+            except OSError as exc:
+                raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}") from exc
+            if not reply:
+                raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
+            try:
+                answer = json.loads(reply)
+            except ValueError:
+                return None
+            if not isinstance(answer, dict) or answer.get("id") == number:
+                return answer
 
     async def _find(self, inner_pid: int) -> int:
         """The host pid of the sandbox process whose pid inside is `inner_pid`."""

@@ -7,8 +7,9 @@ kernel added later lands in the same sandbox instead of a second one.
 Run as `python spawner.py FD`: FD is a SOCK_SEQPACKET socket whose other end only the server
 holds. Each message is one JSON object:
 
-- the server sends `{"spawn": ARGV}` with one descriptor attached, the kernel's stderr; the
-  answer is `{"pid": N}` (the kernel's pid in the sandbox) or `{"error": TEXT}`;
+- the server sends `{"spawn": ARGV, "id": N}` with one descriptor attached, the kernel's
+  stderr; the answer is `{"pid": PID, "id": N}` (the kernel's pid in the sandbox) or
+  `{"error": TEXT, "id": N}`, N echoed so that a late answer is never taken for another's;
 - when the server's end closes (the server stopped the session, or died), the process group
   of every kernel started here is killed and this one exits, and with it the sandbox.
 
@@ -113,6 +114,8 @@ def serve(control: socket.socket, started: set[int]) -> None:
                 except ValueError:
                     request = None
                 reply = answer(request, fds, started)
+            if isinstance(request, dict):
+                reply["id"] = request.get("id")
             control.send(json.dumps(reply).encode())
 
 

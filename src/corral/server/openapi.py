@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from corral import __version__
-from corral.audit import KINDS
+from corral.audit import KINDS, MAX_QUERY_LIMIT
 from corral.server import compat
 from corral.server import schemas as s
 from corral.server.admin import ARCHIVE_NAME, SkillAdded
@@ -45,7 +45,7 @@ TEXT_Q: dict[str, Any] = {"type": "string"}
 KIND_Q: dict[str, Any] = {"type": "string", "enum": list(KINDS)}
 ID_NUMBER_Q: dict[str, Any] = {"type": "integer", "minimum": 1}
 STATUS_Q: dict[str, Any] = {"type": "string", "enum": ["pending", "approved", "rejected"]}
-LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 1000}
+LIMIT_Q: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_QUERY_LIMIT}
 ARCHIVE_Q: dict[str, Any] = {"type": "string", "pattern": f"^{ARCHIVE_NAME.pattern}$"}
 EXECUTION_ID_P: dict[str, Any] = {"type": "string", "pattern": "^ex-[0-9a-f]{16}$"}
 AFTER_Q: dict[str, Any] = {"type": "integer", "minimum": 0}
@@ -483,7 +483,7 @@ def _operation(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
         }
     elif op.raw_body:
         spec["requestBody"] = {
-            "required": True,
+            "required": op.body_required,
             "content": {
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
             },

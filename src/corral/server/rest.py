@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from corral.audit import MAX_QUERY_LIMIT
 from corral.errors import InvalidInput
 from corral.execution import Execution
 from corral.kernels.session import validate_session_id
@@ -288,9 +289,17 @@ async def admin_audit(request: Request) -> Response:
         kind=params.get("kind"),
         session=params.get("session"),
         before_id=_int_param(params.get("before_id")),
-        limit=_int_param(params.get("limit"), default=100),
+        limit=_page_limit(params.get("limit")),
     )
     return JSONResponse(page.to_dict())
+
+
+def _page_limit(raw: str | None) -> int:
+    """`?limit=`, 100 by default; past `MAX_QUERY_LIMIT` it is refused, as documented."""
+    limit = _int_param(raw, default=100)
+    if limit > MAX_QUERY_LIMIT:
+        raise InvalidInput(f"limit must be at most {MAX_QUERY_LIMIT}, not {limit}")
+    return limit
 
 
 async def admin_stop_session(request: Request) -> Response:
