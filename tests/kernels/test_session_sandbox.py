@@ -197,3 +197,31 @@ def test_the_spawner_ends_what_it_started_when_the_server_end_closes(
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+def test_a_kernel_is_watched_whatever_its_descriptor_number() -> None:
+    """Found by `make bench`'s fleet: a busy server's pidfds are numbered past 1024, where
+    select() refuses them."""
+    import resource
+
+    from corral.kernels.sandbox import SpawnedProcess
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1100:
+        pytest.skip("this process may not open 1100 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        watched = SpawnedProcess(child.pid)
+        assert watched._pidfd is not None
+        high = os.dup2(watched._pidfd, 1050)
+        os.close(watched._pidfd)
+        watched._pidfd = high
+        assert watched.poll() is None
+        child.kill()
+        child.wait()
+        assert watched.poll() is not None
+    finally:
+        child.kill()
+        child.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

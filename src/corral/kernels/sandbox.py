@@ -237,4 +237,8 @@ def _state(pid: int) -> str | None:
 
 
 def _readable(fd: int, timeout: float | None = 0) -> bool:
-    return bool(select.select([fd], [], [], timeout)[0])
+    """Whether `fd` is readable within `timeout` seconds (None: wait). poll, not select: a
+    busy server's pidfds are numbered past select's limit of 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
