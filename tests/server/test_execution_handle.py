@@ -40,7 +40,10 @@ def executions(server: RunningServer, sid: str) -> list[dict[str, Any]]:
 
 
 def audited(server: RunningServer, sid: str, marker: str) -> dict[str, Any] | None:
-    return next((e for e in executions(server, sid) if marker in (e["code"] or "")), None)
+    """The execution's audit record once it has ended: the record written ahead, before the
+    code ran, says "running" until the end is recorded (after the code's last write)."""
+    entry = next((e for e in executions(server, sid) if marker in (e["code"] or "")), None)
+    return entry if entry is not None and entry["status"] != "running" else None
 
 
 def session_state(server: RunningServer, sid: str) -> dict[str, Any]:

@@ -178,7 +178,8 @@ class SpawnedProcess:
         return self.returncode
 
     def _gone(self, pidfd: int) -> bool:
-        return _readable(pidfd) or _state(self.pid) in ("Z", "X", None)
+        fields = watchdog.stat_fields(self.pid)
+        return _readable(pidfd) or not fields or fields[0] in (b"Z", b"X")
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None and self._pidfd is not None:
@@ -224,16 +225,6 @@ def make_run_dir(run_root: Path) -> Path:
     run_dir = run_root / secrets.token_hex(6)
     run_dir.mkdir(mode=0o700)
     return run_dir
-
-
-def _state(pid: int) -> str | None:
-    """The one-letter state of `pid` from /proc (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    return text[text.rfind(b")") + 2 :][:1].decode()
 
 
 def _readable(fd: int, timeout: float | None = 0) -> bool:

@@ -68,15 +68,23 @@ def _children(pid: int) -> list[int]:
     return children
 
 
-def sample(pid: int) -> Sample | None:
-    """The process's CPU time, threads and RSS; None when it is gone."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name, from the state (field 3) on:
+    [0] is the one-letter state, [1] the parent's pid. None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             text = stat.read()
     except OSError:
         return None
-    # After the command name in parentheses, fields start at the state (field 3).
-    fields = text[text.rfind(b")") + 2 :].split()
+    # The command name, in parentheses, may hold spaces and parentheses itself.
+    return text[text.rfind(b")") + 2 :].split()
+
+
+def sample(pid: int) -> Sample | None:
+    """The process's CPU time, threads and RSS; None when it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
     try:
         ticks = int(fields[11]) + int(fields[12])
         return Sample(pid, ticks / _CLOCK_TICKS, int(fields[17]), int(fields[21]) * _PAGE)

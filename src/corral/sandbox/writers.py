@@ -61,11 +61,10 @@ def is_kernel(pid: int) -> bool:
 
 
 def parent_pid(pid: int) -> int | None:
+    fields = watchdog.stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-        return int(text[text.rfind(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else int(fields[1])
+    except (ValueError, IndexError):
         return None
 
 
