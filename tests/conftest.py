@@ -22,6 +22,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(BatterySummary("tests/escapes/"), "escape-battery")
 
 
+# The longest tests, mostly waiting on a server: run first, so that xdist starts them at once
+# beside the rest of the suite instead of leaving them to end the run alone.
+LONG_FIRST = ("tests/server/test_conformance.py::",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+
+
 @pytest.fixture
 def run_root() -> Iterator[Path]:
     """A short directory for kernel sockets (unix socket paths must stay under 108 bytes)."""

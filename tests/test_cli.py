@@ -89,9 +89,19 @@ def test_doctor_reports_a_working_sandbox(cli) -> None:  # type: ignore[no-untyp
     assert done.returncode == 0, done.stdout + done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)}
     assert all(c["ok"] for c in checks.values())
-    assert {"bwrap", "seccomp", "user namespaces", "overlay", "sandbox python", "limits"} <= set(
-        checks
-    )
+    expected = {"bwrap", "seccomp", "user namespaces", "overlay", "sandbox python", "limits"}
+    assert expected | {"kernel runtime", "runtime", "isolated", "tools"} <= set(checks)
+
+
+def test_doctor_says_how_to_install_a_missing_kernel_runtime(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path
+) -> None:
+    done = cli("doctor", "--json", CORRAL_KERNEL_RUNTIME=str(tmp_path / "none"))
+    assert done.returncode == 1
+    checks = {c["name"]: c for c in json.loads(done.stdout)}
+    assert not checks["kernel runtime"]["ok"]
+    assert "make serve" in checks["kernel runtime"]["detail"]
+    assert "sandbox python" not in checks  # the sandbox probe needs the runtime
 
 
 def test_doctor_explains_a_bwrap_that_cannot_make_namespaces(  # type: ignore[no-untyped-def]

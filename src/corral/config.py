@@ -38,6 +38,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8222
     bwrap: str | None = None
+    kernel_runtime: str | None = None  # the kernels' virtual environment; default: make's
     max_sessions: int = 16
     idle_timeout_s: float = 3600.0
     exec_timeout_s: float = 300.0

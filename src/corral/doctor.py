@@ -34,7 +34,13 @@ from corral.sandbox.limits import (
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.process import run_sandboxed
 from corral.sandbox.profile import SessionPaths, default_policy, write_identity_files
-from corral.sandbox.runtime import create_session_env, current_runtime
+from corral.sandbox.runtime import (
+    RUNTIME_LIBRARIES,
+    SERVER_ONLY,
+    SYSTEM_TOOLS,
+    create_session_env,
+    current_runtime,
+)
 from corral.sandbox.seccomp import compiled_filter
 
 MIN_BWRAP = (0, 10, 0)
@@ -53,6 +59,17 @@ print("network-blocked ok" if names == ["lo"] else f"network-blocked failed: int
 import ipykernel, bash_kernel
 print("kernels ok")
 """
+_PROBE_RUNTIME = f"""
+import importlib.util, shutil
+def absent(names):
+    return [name for name in names if importlib.util.find_spec(name) is None]
+missing = absent({RUNTIME_LIBRARIES!r})
+print("runtime ok" if not missing else "runtime missing: " + ", ".join(missing))
+leaked = [name for name in {SERVER_ONLY!r} if name not in absent([name])]
+print("isolated ok" if not leaked else "isolated failed: importable " + ", ".join(leaked))
+print("tools", ",".join(tool for tool in {SYSTEM_TOOLS!r} if shutil.which(tool)))
+"""
+_PROBE += _PROBE_RUNTIME
 
 
 Strength = Literal["ok", "weak", "missing"]
@@ -87,12 +104,14 @@ def run_checks(settings: Settings) -> list[Check]:
     bwrap_check, bwrap = _check_bwrap(settings)
     checks.append(bwrap_check)
     checks.append(_check_seccomp())
+    runtime_check = _check_runtime(settings)
+    checks.append(runtime_check)
     if bwrap is not None:
         userns = _check_userns(bwrap)
         checks.append(userns)
         if userns.ok:
             checks.append(_check_overlay(bwrap))
-        if userns.ok and checks[1].ok:
+        if userns.ok and checks[1].ok and runtime_check.ok:
             checks.extend(_check_sandbox(bwrap, settings))
     checks += _check_limits(settings)
     checks.append(_check_browser(settings))
@@ -110,10 +129,13 @@ def _check_browser(settings: Settings) -> Check:
             "apt install chromium (or CORRAL_BROWSER_CHROMIUM)",
         )
     try:
-        version = importlib.metadata.version("playwright")
-    except importlib.metadata.PackageNotFoundError:
-        return Check("browser", False, "Playwright is not installed", "reinstall corral")
-    return Check("browser", True, f"{chromium}, driven by Playwright {version}")
+        site = str(current_runtime(settings.kernel_runtime).site_packages)
+    except SandboxUnavailable as exc:
+        return Check("browser", False, str(exc), "make serve")
+    found = [d.version for d in importlib.metadata.distributions(name="playwright", path=[site])]
+    if not found:
+        return Check("browser", False, "Playwright is not in the kernel runtime", "make serve")
+    return Check("browser", True, f"{chromium}, driven by Playwright {found[0]}")
 
 
 def _check_limits(settings: Settings) -> list[Check]:
@@ -219,6 +241,14 @@ def _check_bwrap(settings: Settings) -> tuple[Check, str | None]:
     return Check("bwrap", True, f"{bwrap} (version {shown})"), bwrap
 
 
+def _check_runtime(settings: Settings) -> Check:
+    try:
+        runtime = current_runtime(settings.kernel_runtime)
+    except SandboxUnavailable as exc:
+        return Check("kernel runtime", False, str(exc), "make serve")
+    return Check("kernel runtime", True, f"{runtime.site_packages} (shown read-only inside)")
+
+
 def _check_seccomp() -> Check:
     try:
         program = compiled_filter()
@@ -298,11 +328,30 @@ def _check_sandbox(bwrap: str, settings: Settings) -> list[Check]:
         _probe_check(results, "userns-blocked", "no new user namespaces inside"),
         _probe_check(results, "network-blocked", "no network but loopback inside"),
         _probe_check(results, "kernels", "ipykernel and bash_kernel import inside"),
+        _probe_check(results, "runtime", f"{len(RUNTIME_LIBRARIES)} libraries import inside"),
+        _probe_check(results, "isolated", "the server's own packages do not import inside"),
+        _tools_check(results.get("tools", "")),
     ]
 
 
+def _tools_check(found: str) -> Check:
+    """Which of the system tools a session will find; missing ones are a warning only."""
+    have = [tool for tool in found.split(",") if tool]
+    lacking = [tool for tool in SYSTEM_TOOLS if tool not in have]
+    if not lacking:
+        return Check("tools", True, f"a session finds {', '.join(have)}")
+    return Check(
+        "tools",
+        True,
+        f"a session finds {', '.join(have) or 'none of them'}; not {', '.join(lacking)}",
+        "run scripts/install-system-packages as root (Debian: ffmpeg poppler-utils ripgrep "
+        "fd-find p7zip-full)",
+        strength="weak",
+    )
+
+
 def _probe_policy(tmp: Path, settings: Settings) -> SandboxPolicy:
-    runtime = current_runtime()
+    runtime = current_runtime(settings.kernel_runtime)
     paths = SessionPaths(workspace=tmp / "workspace", env=tmp / "env")
     paths.workspace.mkdir()
     create_session_env(paths.env, runtime)

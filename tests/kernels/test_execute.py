@@ -353,3 +353,20 @@ async def test_a_call_the_kernel_aborts_says_the_code_did_not_run(service: Servi
     assert result.status == "error", result.text()
     assert result.stdout == ""
     assert result.message is not None and "did not run" in result.message
+
+
+async def test_a_message_the_kernel_forges_is_dropped_and_the_result_stands(
+    sandbox: Service,
+) -> None:
+    """The agent's code can write anything on its kernel's sockets (it has the key too): a
+    message that cannot be read (here a bad signature on iopub) is dropped, not a failure."""
+    code = (
+        "k = get_ipython().kernel\n"
+        "frames = [b'x', b'<IDS|MSG>', b'not-a-signature', b'{}', b'{}', b'{}', b'{}']\n"
+        "k.iopub_socket.send_multipart(frames)\n"
+        "import sys; sys.stdout.flush()\n"
+        "print('still here')\n"
+    )
+    result = await sandbox.execute(code, session_id="probe")
+    assert result.status == "ok", result.text()
+    assert result.stdout == "still here\n"

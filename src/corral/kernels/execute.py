@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from corral.errors import KernelUnreachable
-from corral.kernels.kernel import SandboxedKernel, reply_to
+from corral.kernels.kernel import SandboxedKernel, readable_message, reply_to
 from corral.kernels.results import (
     ExecutionError,
     ExecutionResult,
@@ -224,10 +224,10 @@ async def _follow_iopub(
         if problem:
             return problem
         try:
-            msg = await client.get_iopub_msg(timeout=watch.next_wait())
+            msg = await readable_message(client.get_iopub_msg, watch.next_wait())
         except queue.Empty:
             continue
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+        if msg is None or msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
             return "idle"
@@ -246,10 +246,10 @@ async def _drain_iopub(
     the first short wait with nothing arriving ends it)."""
     while True:
         try:
-            msg = await client.get_iopub_msg(timeout=DRAIN_S)
+            msg = await readable_message(client.get_iopub_msg, DRAIN_S)
         except queue.Empty:
             return
-        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+        if msg is not None and msg.get("parent_header", {}).get("msg_id") == msg_id:
             await _take(msg, collector, on_output)
 
 

@@ -104,7 +104,7 @@ class KernelFactory:
         self.settings = settings
         self.egress = egress
         self.on_event: EventHook | None = None
-        self.runtime = runtime or current_runtime()
+        self.runtime = runtime or current_runtime(settings.kernel_runtime)
         self.bwrap = find_bwrap(settings.bwrap)
         self.mechanism = choose_mechanism(settings.limit_mechanism)
         self.forward_names = settings.forwarded_names

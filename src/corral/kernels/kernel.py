@@ -9,6 +9,7 @@ kernel, bwrap or the spawner said on stderr.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import shutil
@@ -24,6 +25,8 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from corral.errors import KernelStartFailed
 from corral.kernels.provisioner import SandboxedKernelManager, SandboxProvisioner, kernel_spec
 from corral.kernels.sandbox import SessionSandbox
+
+log = logging.getLogger(__name__)
 
 SOCKET_POLL_S = 0.005
 INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
@@ -177,16 +180,33 @@ async def reply_to(
     get_msg: Callable[..., Awaitable[dict[str, Any]]], msg_id: str, timeout_s: float
 ) -> dict[str, Any] | None:
     """The reply to `msg_id` read with `get_msg` (a channel's `get_*_msg`), passing over
-    replies to earlier requests (ones given up on); None when none came within `timeout_s`."""
+    replies to earlier requests (ones given up on) and messages that cannot be read; None
+    when none came within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while (remaining := deadline - time.monotonic()) > 0:
         try:
-            reply = await get_msg(timeout=remaining)
+            reply = await readable_message(get_msg, remaining)
         except queue.Empty:
             return None
-        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+        if reply is not None and reply.get("parent_header", {}).get("msg_id") == msg_id:
             return reply
     return None
+
+
+async def readable_message(
+    get_msg: Callable[..., Awaitable[dict[str, Any]]], timeout_s: float
+) -> dict[str, Any] | None:
+    """The next message on a channel (`queue.Empty` past `timeout_s`), or None for one that
+    could not be read: a bad signature, frames out of order, JSON that does not parse.
+
+    The kernel runs the agent's code, which can write anything on the kernel's sockets; such
+    a message is dropped and logged, and the caller goes on waiting for a good one.
+    """
+    try:
+        return await get_msg(timeout=timeout_s)
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("dropped a message from a kernel that could not be read: %.200s", exc)
+        return None
 
 
 def _lstat_mode(path: Path) -> int | None:

@@ -1,7 +1,10 @@
 """The Python runtime that kernels use inside the sandbox, and each session's package prefix.
 
-The host's interpreter prefix and the server's site-packages are shown read-only at fixed
-paths. Each session gets a small virtual environment of its own (writable, persistent) whose
+The host's interpreter prefix and the kernel runtime's site-packages are shown read-only at
+fixed paths. The kernel runtime is a virtual environment of its own (`make` installs it from
+runtime/requirements.lock into .venv/kernel-runtime), not the server's: the server's packages
+are not importable from a sandbox, and upgrading them does not change what agents find.
+Each session gets a small virtual environment of its own (writable, persistent) whose
 site-packages comes first and whose `.pth` file adds the shared runtime after it: what an agent
 `pip install`s lands in the session, survives restarts, and shadows the shared version.
 """
@@ -13,16 +16,32 @@ import os
 import shutil
 import stat
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral import fsafe
+from corral.errors import SandboxUnavailable
 
 SANDBOX_PYTHON_PREFIX = "/opt/corral/python"
 SANDBOX_RUNTIME_SITE = "/opt/corral/runtime"
 SANDBOX_ENV = "/opt/corral/env"
+KERNEL_RUNTIME_DIR = "kernel-runtime"
 MPL_CONFIG_NAME = "mpl"  # MPLCONFIGDIR is SANDBOX_ENV/mpl (see profile.BASE_ENV)
+
+# What a session finds importable (the import names of runtime/requirements.in's libraries);
+# `corral doctor` checks each inside a sandbox and the README lists them.
+RUNTIME_LIBRARIES: tuple[str, ...] = (
+    *("numpy", "pandas", "scipy", "sklearn", "statsmodels", "seaborn", "matplotlib"),
+    *("sympy", "mpmath", "duckdb", "pyarrow", "joblib", "tqdm"),
+    *("pypdf", "docx", "pptx", "openpyxl", "xlsxwriter", "xlrd", "PIL", "reportlab"),
+    *("pdfplumber", "pypdfium2", "pdf2image", "img2pdf", "imageio", "imageio_ffmpeg", "bs4"),
+    *("yaml", "requests", "httpx", "aiohttp"),
+)
+# The server's own packages: none of them may be importable from a sandbox.
+SERVER_ONLY: tuple[str, ...] = ("corral", "mcp", "starlette", "uvicorn", "pydantic", "click")
+# Programs a session may run when the host has them (a sandbox sees the host's /usr, read-only):
+# what coderunner's image offers; scripts/install-system-packages installs them as root.
+SYSTEM_TOOLS: tuple[str, ...] = ("ffmpeg", "pdftotext", "pdftoppm", "rg", "fdfind", "7z")
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +70,50 @@ class PythonRuntime:
         return f"{SANDBOX_PYTHON_PREFIX}/bin/python{self.version}"
 
 
-def current_runtime() -> PythonRuntime:
-    """The runtime of the running server: its interpreter and its own site-packages."""
+def default_runtime_prefix() -> Path:
+    """Where `make` installs the kernel runtime: beside the server's own packages."""
+    return Path(sys.prefix) / KERNEL_RUNTIME_DIR
+
+
+def current_runtime(prefix: Path | str | None = None) -> PythonRuntime:
+    """The kernel runtime at `prefix` (default: `default_runtime_prefix()`), which must be a
+    virtual environment of the server's own interpreter: the sandbox shows that interpreter.
+
+    Raises `SandboxUnavailable`, saying how to install it, when it is missing or was made
+    with another interpreter.
+    """
+    root = Path(prefix or default_runtime_prefix()).absolute()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    base_prefix = Path(sys.base_prefix).resolve()
+    home = _venv_home(root)
+    if home is None:
+        raise SandboxUnavailable(
+            f"the kernel runtime is not installed at {root}: `make serve` installs it "
+            "(or set CORRAL_KERNEL_RUNTIME to a virtual environment made from "
+            "runtime/requirements.lock)"
+        )
+    site_packages = root / "lib" / f"python{version}" / "site-packages"
+    if home.resolve() != (base_prefix / "bin").resolve() or not site_packages.is_dir():
+        raise SandboxUnavailable(
+            f"the kernel runtime at {root} was made with another Python ({home}) than the "
+            f"server's ({base_prefix}, {version}): remove it and run `make serve` again"
+        )
     return PythonRuntime(
-        base_prefix=Path(sys.base_prefix).resolve(),
-        site_packages=Path(sysconfig.get_paths()["purelib"]).resolve(),
-        version=version,
+        base_prefix=base_prefix, site_packages=site_packages.resolve(), version=version
     )
+
+
+def _venv_home(root: Path) -> Path | None:
+    """The `home` of the virtual environment at `root`, or None if there is none."""
+    try:
+        lines = (root / "pyvenv.cfg").read_text().splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return Path(value.strip())
+    return None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,11 @@ EXECUTION_HEADER: dict[str, Any] = {
         "schema": EXECUTION_ID_P,
     }
 }
+_EXECUTION_ID = (("eid", "$response.header.X-Corral-Execution-Id"),)
+EXECUTION_LINKS = (
+    ("GetExecution", "get_v1_executions_eid", _EXECUTION_ID),
+    ("GetExecutionEvents", "get_v1_executions_eid_events", _EXECUTION_ID),
+)
 STREAM_TEXT = (
     "Accept: text/event-stream or application/x-ndjson streams an `execution` event (its id), "
     "then stdout, stderr, display and error events, each with its number `seq` (the SSE "
@@ -85,6 +90,7 @@ class Operation:
         default=()
     )  # name, schema, required
     body_required: bool = True
+    any_body: bool = False  # any JSON is taken; what does not fit `body` gets the error shape
     raw_body: bool = False
     raw_response: bool = False
     open: bool = False
@@ -94,6 +100,9 @@ class Operation:
     extra_errors: tuple[tuple[str, str], ...] = ()  # status and meaning, past ERRORS
     headers: dict[str, Any] = field(default_factory=dict)  # of the success response
     stream: bool = False  # the success response is an event stream
+    # Where the success response's values lead: link name -> (operation, its parameters as
+    # OpenAPI runtime expressions), so a client (or a stateful test) can follow real ids.
+    links: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -106,6 +115,14 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.CreateSessionRequest,
         body_required=False,
         ok=(201, s.SessionModel),
+        links=(
+            ("DeleteFile", "delete_v1_sessions_id_files", (("id", "$response.body#/id"),)),
+            (
+                "StopCoderunnerSession",
+                "delete_v1_sessions_session",
+                (("query.session_id", "$response.body#/id"),),
+            ),
+        ),
     ),
     Operation("GET", "/v1/sessions", "List sessions", ok=(200, s.SessionList)),
     Operation("GET", "/v1/sessions/{id}", "Get a session", ok=(200, s.SessionModel)),
@@ -127,6 +144,7 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.ExecuteRequest,
         ok=(200, s.ExecutionResultModel),
         headers=EXECUTION_HEADER,
+        links=EXECUTION_LINKS,
     ),
     Operation(
         "POST",
@@ -136,6 +154,7 @@ OPERATIONS: tuple[Operation, ...] = (
         body=s.ExecuteAnyRequest,
         ok=(200, s.ExecutionResultModel),
         headers=EXECUTION_HEADER,
+        links=EXECUTION_LINKS,
     ),
     Operation(
         "GET",
@@ -330,7 +349,19 @@ OPERATIONS: tuple[Operation, ...] = (
         ok=(200, s.NetworkRequestModel),
         admin=True,
     ),
-    Operation("GET", "/v1/skills", "The skills, public and the user's", ok=(200, s.SkillList)),
+    Operation(
+        "GET",
+        "/v1/skills",
+        "The skills, public and the user's",
+        ok=(200, s.SkillList),
+        links=(
+            (
+                "GetSkillFile",
+                "get_v1_skills_name_files_filename",
+                (("name", "$response.body#/skills/0/name"), ("filename", "SKILL.md")),
+            ),
+        ),
+    ),
     Operation("GET", "/v1/skills/{name}", "A skill and its SKILL.md", ok=(200, s.SkillInfo)),
     Operation(
         "GET",
@@ -361,6 +392,7 @@ OPERATIONS: tuple[Operation, ...] = (
         description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
         body_required=False,
+        any_body=True,
         ok=(200, s.CompatNavigateResponse),
         error_model=s.CompatNavigateResponse,
     ),
@@ -371,6 +403,7 @@ OPERATIONS: tuple[Operation, ...] = (
         description=COMPAT_BROWSER_TEXT,
         body=s.CompatBrowserRequest,
         body_required=False,
+        any_body=True,
         ok=(200, s.CompatContentResponse),
         error_model=s.CompatContentResponse,
     ),
@@ -477,10 +510,10 @@ def _operation(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     if parameters:
         spec["parameters"] = parameters
     if op.body is not None:
-        spec["requestBody"] = {
-            "required": op.body_required,
-            "content": {JSON: {"schema": _schema(op.body, models)}},
-        }
+        body = _schema(op.body, models)
+        if op.any_body:
+            body = {"anyOf": [body, {"description": "anything else: answered as an error"}]}
+        spec["requestBody"] = {"required": op.body_required, "content": {JSON: {"schema": body}}}
     elif op.raw_body:
         spec["requestBody"] = {
             "required": op.body_required,
@@ -513,6 +546,11 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     guard_error = _schema(s.ErrorResponse, models)
     if op.headers:
         ok["headers"] = op.headers
+    if op.links:
+        ok["links"] = {
+            name: {"operationId": target, "parameters": dict(parameters)}
+            for name, target, parameters in op.links
+        }
     responses = {str(status): ok}
     coderunner = op.path in compat.PATHS
     for code, text in (*ERRORS.items(), *op.extra_errors):
