@@ -63,9 +63,12 @@ $(STAMP): requirements.lock pyproject.toml | $(UV)
 	touch $@
 
 # Made from the server's interpreter, whose prefix the sandbox shows at /opt/corral/python.
+# Compiled here: the sandbox sees it read-only, so a kernel could not cache what it compiles
+# and would compile every module it imports at every start.
 $(RUNTIME_STAMP): runtime/requirements.lock | $(STAMP)
 	test -x $(RUNTIME)/bin/python || $(UV) venv --quiet --python $(VENV)/bin/python $(RUNTIME)
-	$(UV) pip sync --quiet --python $(RUNTIME)/bin/python --require-hashes runtime/requirements.lock
+	$(UV) pip sync --quiet --compile-bytecode --python $(RUNTIME)/bin/python \
+		--require-hashes runtime/requirements.lock
 	touch $@
 
 clean:

@@ -328,8 +328,11 @@ class Service:
         self, session_id: str, after: int = 0, idle_s: float | None = None
     ) -> AsyncIterator[SessionEvent | None]:
         """The session's status events after number `after` (`corral.session_events`);
-        raises `SessionNotFound` now for a session that does not exist."""
+        raises `SessionNotFound` now for a session that does not exist. The default session
+        can be followed before its first use, but not once deleted, like any other."""
         self._known(session_id)
+        if self.session_events.deleted(session_id):
+            raise SessionNotFound(session_id)
         return self.session_events.follow(session_id, after, idle_s)
 
     # -- files -----------------------------------------------------------------------------

@@ -74,6 +74,11 @@ class SessionEvents:
             if len(self._deleted) > self._keep_deleted:
                 self._feeds.pop(self._deleted.popitem(last=False)[0], None)
 
+    def deleted(self, session_id: str) -> bool:
+        """Whether the session's newest event is `deleted` (not created again since)."""
+        feed = self._feeds.get(session_id)
+        return feed is not None and feed.closed
+
     def missed(self, session_id: str, after: int) -> int:
         """How many events after `after` are no longer kept."""
         feed = self._feeds.get(session_id)

@@ -74,6 +74,16 @@ def test_session_errors_use_coderunners_error_shape(server: RunningServer) -> No
         assert bad.status_code == 400
         assert isinstance(bad.json()["error"], str)
         assert http.delete("/v1/sessions/session").status_code == 400
+        # A body is checked even when the query names the session (found by the stateful
+        # phase of the conformance run: it was ignored, and the session stopped).
+        both = http.request(
+            "DELETE",
+            "/v1/sessions/session",
+            params={"session_id": "compat-ghost"},
+            json={"session_id": "../bad"},
+        )
+        assert both.status_code == 400
+        assert "session_id" in both.json()["error"]
 
 
 def test_created_session_without_id_gets_one(server: RunningServer) -> None:

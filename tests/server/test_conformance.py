@@ -9,10 +9,12 @@ picks another (a random one when set to "random").
 
 What a check cannot see from the document (a refusal for a value's meaning, the size limit)
 is excused in `schemathesis.toml` beside this file, per operation, with the reason; the same
-file bounds each request (a session's event stream never ends by itself).
+file bounds each request (a session's event stream never ends by itself) and makes the
+stateful phase's sequences long enough to follow every link.
 
-It is part of `make test`: about a minute and a half per token here, on a worker of its own
-that starts first (tests/conftest.py orders it so), beside the rest of the suite.
+It is part of `make test`: about four minutes for the agent token and twenty seconds for the
+admin one here, on one worker that starts it first (tests/conftest.py orders it so), beside
+the rest of the suite.
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 
+from corral.errors import SessionNotFound
+from corral.kernels.session import DEFAULT_SESSION
+from corral.service import Service
 from tests.server.conftest import RunningServer
 
 WATCHED = {"created", "busy", "idle", "kernel_died", "limit", "restarted", "deleted"}
@@ -103,3 +107,17 @@ def test_events_of_an_unknown_session_are_a_404(server: RunningServer) -> None:
         response = http.get("/v1/sessions/nobody-here/events")
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "session_not_found"
+
+
+async def test_the_default_session_is_followed_before_its_first_use_not_once_deleted(
+    service: Service,
+) -> None:
+    """Found by the conformance run's stateful phase: a deleted default session's events
+    answered an empty 200 where any other deleted session's answer 404."""
+    service.follow_session(DEFAULT_SESSION)  # not created yet: a client may wait for it
+    assert (await service.execute("1 + 1")).status == "ok"
+    await service.delete_session(DEFAULT_SESSION)
+    with pytest.raises(SessionNotFound):
+        service.follow_session(DEFAULT_SESSION)
+    assert (await service.execute("2 + 2")).status == "ok"  # it comes back at its next use
+    service.follow_session(DEFAULT_SESSION)

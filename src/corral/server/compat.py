@@ -23,7 +23,11 @@ from corral.kernels.sessions import SessionInfo
 from corral.server.auth import role_of
 from corral.server.errors import status_of
 from corral.server.rest import service_of
-from corral.server.schemas import CompatBrowserRequest, CompatExecuteRequest
+from corral.server.schemas import (
+    CompatBrowserRequest,
+    CompatExecuteRequest,
+    CompatSessionRequest,
+)
 
 NOT_AN_OBJECT = 'The body must be a JSON object, such as {"session_id": "s1"}, or empty.'
 
@@ -72,13 +76,21 @@ def _exec_failure(status: int, message: str) -> Response:
 
 
 async def create_session(request: Request) -> Response:
+    body = await _session_body(request)
+    if isinstance(body, Response):
+        return body
+    return await _call(lambda: _created(request, body.get("session_id")))
+
+
+async def _session_body(request: Request) -> dict[str, Any] | Response:
+    """The session routes' optional body: a JSON object (empty when absent), or the error."""
     try:
         body = json.loads(await request.body() or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _error(400, "Invalid JSON body.")
     if not isinstance(body, dict):
         return _error(400, NOT_AN_OBJECT)
-    return await _call(lambda: _created(request, body.get("session_id")))
+    return body
 
 
 async def _created(request: Request, session_id: str | None) -> Response:
@@ -101,13 +113,15 @@ async def _got(info: SessionInfo) -> Response:
 
 
 async def delete_session(request: Request) -> Response:
-    session_id = request.query_params.get("session_id")
-    if session_id is None:
-        try:
-            body = json.loads(await request.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "Invalid JSON body.")
-        session_id = body.get("session_id") if isinstance(body, dict) else None
+    """The session in the query, else in the body; a body given is checked either way."""
+    body = await _session_body(request)
+    if isinstance(body, Response):
+        return body
+    try:
+        named = CompatSessionRequest.model_validate(body).session_id
+    except ValidationError as exc:
+        return _error(400, f"Invalid request body: {exc}")
+    session_id = request.query_params.get("session_id") or named
     if not session_id:
         return _error(400, "Missing session_id.")
     return await _call(lambda: _stopped(request, session_id))

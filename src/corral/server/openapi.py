@@ -437,7 +437,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/sessions/session",
         "coderunner: stop a session",
         description="coderunner's clients may give `session_id` in a JSON body instead of "
-        "the query; the query wins when both are given.",
+        "the query; the query wins when both are given, and a body given is checked either way.",
         body=s.CompatSessionRequest,
         body_required=False,
         ok=(200, s.CompatSession),
