@@ -69,12 +69,13 @@ async def corral_session(manager: SessionManager) -> AsyncIterator[str]:
 
 
 def kernel_pid(manager: SessionManager, session_id: str) -> int:
-    """The host pid of the outer bwrap process of the session's python kernel.
+    """The host pid of the outer bwrap process of the session's sandbox, which holds its
+    python kernel (with the spawner that started it, and the egress forwarder if any).
 
     Raises `RuntimeError` when the session has no running python kernel.
     """
     kernel = manager.sessions[session_id].kernels.get("python")
-    pid = kernel.pid if kernel is not None else None
-    if pid is None:
+    process = kernel.sandbox.process if kernel is not None else None
+    if process is None:
         raise RuntimeError(f"session {session_id} has no running python kernel")
-    return pid
+    return process.pid
