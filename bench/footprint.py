@@ -22,7 +22,7 @@ from bench.measure import (
     log,
 )
 from bench.memory import MIB, TreeMemory, tree_memory
-from bench.sandboxed import corral_session, kernel_pid
+from bench.sandboxed import corral_session, sandbox_pid
 from corral.kernels.sessions import SessionManager
 
 MEMORY_FIELDS = ("pss", "uss", "rss")
@@ -65,11 +65,11 @@ async def corral_footprint(manager: SessionManager, settle_s: float) -> Footprin
     async with corral_session(manager) as session_id:
         await manager.create(session_id)
         await corral_round_trip(manager, session_id)
-        idle = await _settled(kernel_pid(manager, session_id), settle_s)
+        idle = await _settled(sandbox_pid(manager, session_id), settle_s)
         result = await manager.execute(session_id, WORKLOAD)
         if not result.ok or result.kernel_restarted:
             raise RuntimeError(f"corral's workload ended {result.status}: {result.text()}")
-        return Footprint(idle, await _settled(kernel_pid(manager, session_id), settle_s))
+        return Footprint(idle, await _settled(sandbox_pid(manager, session_id), settle_s))
 
 
 def _pid(kernel: BaselineKernel) -> int:
@@ -127,7 +127,7 @@ async def corral_fleet_memory(manager: SessionManager, count: int, settle_s: flo
     """PSS in bytes of each of `count` idle sessions running together (each ran `1+1`)."""
     async with corral_fleet(manager, count) as session_ids:
         await asyncio.sleep(settle_s)
-        return [tree_memory(kernel_pid(manager, session_id)).pss for session_id in session_ids]
+        return [tree_memory(sandbox_pid(manager, session_id)).pss for session_id in session_ids]
 
 
 async def baseline_fleet_memory(roots: BaselineRoots, count: int, settle_s: float) -> list[int]:

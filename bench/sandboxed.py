@@ -68,7 +68,7 @@ async def corral_session(manager: SessionManager) -> AsyncIterator[str]:
             await manager.delete(session_id)
 
 
-def kernel_pid(manager: SessionManager, session_id: str) -> int:
+def sandbox_pid(manager: SessionManager, session_id: str) -> int:
     """The host pid of the outer bwrap process of the session's sandbox, which holds its
     python kernel (with the spawner that started it, and the egress forwarder if any).
 

@@ -38,6 +38,7 @@ from corral.sandbox.runtime import (
     RUNTIME_LIBRARIES,
     SERVER_ONLY,
     SYSTEM_TOOLS,
+    PythonRuntime,
     create_session_env,
     current_runtime,
 )
@@ -69,7 +70,6 @@ leaked = [name for name in {SERVER_ONLY!r} if name not in absent([name])]
 print("isolated ok" if not leaked else "isolated failed: importable " + ", ".join(leaked))
 print("tools", ",".join(tool for tool in {SYSTEM_TOOLS!r} if shutil.which(tool)))
 """
-_PROBE += _PROBE_RUNTIME
 
 
 Strength = Literal["ok", "weak", "missing"]
@@ -104,21 +104,21 @@ def run_checks(settings: Settings) -> list[Check]:
     bwrap_check, bwrap = _check_bwrap(settings)
     checks.append(bwrap_check)
     checks.append(_check_seccomp())
-    runtime_check = _check_runtime(settings)
+    runtime_check, runtime = _check_runtime(settings)
     checks.append(runtime_check)
     if bwrap is not None:
         userns = _check_userns(bwrap)
         checks.append(userns)
         if userns.ok:
             checks.append(_check_overlay(bwrap))
-        if userns.ok and checks[1].ok and runtime_check.ok:
-            checks.extend(_check_sandbox(bwrap, settings))
+        if userns.ok and checks[1].ok and runtime is not None:
+            checks.extend(_check_sandbox(bwrap, settings, runtime))
     checks += _check_limits(settings)
-    checks.append(_check_browser(settings))
+    checks.append(_check_browser(settings, runtime))
     return checks
 
 
-def _check_browser(settings: Settings) -> Check:
+def _check_browser(settings: Settings, runtime: PythonRuntime | None) -> Check:
     """Which Chromium the browser fetch will run, and whether Playwright's driver is here."""
     chromium = find_chromium(settings.browser_chromium)
     if chromium is None:
@@ -128,10 +128,9 @@ def _check_browser(settings: Settings) -> Check:
             "no Chromium found",
             "apt install chromium (or CORRAL_BROWSER_CHROMIUM)",
         )
-    try:
-        site = str(current_runtime(settings.kernel_runtime).site_packages)
-    except SandboxUnavailable as exc:
-        return Check("browser", False, str(exc), "make serve")
+    if runtime is None:
+        return Check("browser", False, "the kernel runtime is not installed", "make serve")
+    site = str(runtime.site_packages)
     found = [d.version for d in importlib.metadata.distributions(name="playwright", path=[site])]
     if not found:
         return Check("browser", False, "Playwright is not in the kernel runtime", "make serve")
@@ -241,12 +240,13 @@ def _check_bwrap(settings: Settings) -> tuple[Check, str | None]:
     return Check("bwrap", True, f"{bwrap} (version {shown})"), bwrap
 
 
-def _check_runtime(settings: Settings) -> Check:
+def _check_runtime(settings: Settings) -> tuple[Check, PythonRuntime | None]:
     try:
         runtime = current_runtime(settings.kernel_runtime)
     except SandboxUnavailable as exc:
-        return Check("kernel runtime", False, str(exc), "make serve")
-    return Check("kernel runtime", True, f"{runtime.site_packages} (shown read-only inside)")
+        return Check("kernel runtime", False, str(exc), "make serve"), None
+    shown = f"{runtime.site_packages} (shown read-only inside)"
+    return Check("kernel runtime", True, shown), runtime
 
 
 def _check_seccomp() -> Check:
@@ -312,11 +312,12 @@ def _userns_fix() -> str:
     return "check that the kernel supports user namespaces and that no policy forbids them"
 
 
-def _check_sandbox(bwrap: str, settings: Settings) -> list[Check]:
+def _check_sandbox(bwrap: str, settings: Settings, runtime: PythonRuntime) -> list[Check]:
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
-        policy = _probe_policy(Path(tmp), settings)
+        policy = _probe_policy(Path(tmp), settings, runtime)
         try:
-            done = run_sandboxed(policy, ["python", "-c", _PROBE], bwrap=bwrap, timeout_s=60)
+            probe = ["python", "-c", _PROBE + _PROBE_RUNTIME]
+            done = run_sandboxed(policy, probe, bwrap=bwrap, timeout_s=60)
         except subprocess.TimeoutExpired:
             return [Check("sandbox", False, "the probe did not finish within 60 s")]
     results = dict(_parse_probe(done.stdout))
@@ -350,8 +351,7 @@ def _tools_check(found: str) -> Check:
     )
 
 
-def _probe_policy(tmp: Path, settings: Settings) -> SandboxPolicy:
-    runtime = current_runtime(settings.kernel_runtime)
+def _probe_policy(tmp: Path, settings: Settings, runtime: PythonRuntime) -> SandboxPolicy:
     paths = SessionPaths(workspace=tmp / "workspace", env=tmp / "env")
     paths.workspace.mkdir()
     create_session_env(paths.env, runtime)

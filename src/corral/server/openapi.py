@@ -473,6 +473,7 @@ def document() -> dict[str, Any]:
     models: dict[str, Any] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, models)
+    _check_links()
     return {
         "openapi": "3.1.0",
         "info": {
@@ -593,6 +594,15 @@ def _path_param(name: str) -> dict[str, Any]:
         "required": True,
         "schema": schema,
     }
+
+
+def _check_links() -> None:
+    """Every link names an operation of this document (ids are written by hand in links)."""
+    ids = {_operation_id(op) for op in OPERATIONS}
+    for op in OPERATIONS:
+        for name, target, _ in op.links:
+            if target not in ids:
+                raise ValueError(f"link {name} of {op.method} {op.path}: no operation {target}")
 
 
 def _operation_id(op: Operation) -> str:
