@@ -15,8 +15,8 @@ import pytest
 
 from corral import audit_writer
 from corral.audit import AuditEntry, AuditLog
+from corral.audit_entries import AdminAction, ExecutionBegun, ExecutionEnded, SessionChanged
 from corral.audit_writer import AuditWriter
-from corral.errors import InvalidInput
 from corral.journal import Journal
 
 
@@ -54,11 +54,11 @@ def lock(state: Path) -> sqlite3.Connection:
 
 def test_an_execution_is_running_once_begun_and_complete_once_ended(state: Path) -> None:
     log, writer = started(state)
-    begun = writer.submit("begin_execution", session="s1", language="python", code="1 + 1")
+    begun = writer.submit(ExecutionBegun(session="s1", language="python", code="1 + 1"))
     writer.written()
     (entry,) = log.query(kind="execution").entries
     assert (entry.status, entry.code, entry.duration_s) == ("running", "1 + 1", None)
-    writer.submit("end_execution", begun=begun, status="ok", duration_s=0.5, output_bytes=3)
+    writer.submit(ExecutionEnded(begun=begun, status="ok", duration_s=0.5, output_bytes=3))
     writer.written()
     (entry,) = log.query(kind="execution").entries
     assert (entry.status, entry.duration_s, entry.output_bytes) == ("ok", 0.5, 3)
@@ -72,9 +72,9 @@ def test_a_crash_leaves_running_code_interrupted_and_says_the_run_ended_uncleanl
     state: Path,
 ) -> None:
     log, writer = started(state)
-    writer.submit("begin_execution", session="s1", language="python", code="sleep(40)")
-    done = writer.submit("begin_execution", session="s2", language="bash", code="true")
-    writer.submit("end_execution", begun=done, status="ok", duration_s=0.1, output_bytes=0)
+    writer.submit(ExecutionBegun(session="s1", language="python", code="sleep(40)"))
+    done = writer.submit(ExecutionBegun(session="s2", language="bash", code="true"))
+    writer.submit(ExecutionEnded(begun=done, status="ok", duration_s=0.1, output_bytes=0))
     writer.written()
     crashed(log, writer)
 
@@ -93,9 +93,9 @@ def test_entries_the_locked_database_refused_survive_a_crash(state: Path) -> Non
     log, writer = started(state)
     before = len(entries(state))
     holder = lock(state)
-    begun = writer.submit("begin_execution", session="s1", language="python", code="print(1)")
-    writer.submit("end_execution", begun=begun, status="ok", duration_s=0.2, output_bytes=2)
-    writer.submit("record_session", session="s1", event="created", actor="agent")
+    begun = writer.submit(ExecutionBegun(session="s1", language="python", code="print(1)"))
+    writer.submit(ExecutionEnded(begun=begun, status="ok", duration_s=0.2, output_bytes=2))
+    writer.submit(SessionChanged(session="s1", event="created", actor="agent"))
     # Not in the database, but in the journal before submit returned.
     calls = [record.get("call") for record in Journal(state / "audit.journal").records()]
     assert calls[-3:] == ["begin_execution", "end_execution", "record_session"]
@@ -119,7 +119,7 @@ def drop_what_is_queued(writer: AuditWriter) -> None:
 
 def test_a_journal_replayed_twice_writes_each_entry_once(state: Path) -> None:
     log, writer = started(state)
-    writer.submit("record_admin", action="set_limits", target="s1", detail={"n": 1})
+    writer.submit(AdminAction(action="set_limits", target="s1", detail={"n": 1}))
     writer.written()
     crashed(log, writer)
     journal = (state / "audit.journal").read_bytes()
@@ -134,7 +134,7 @@ def test_a_journal_replayed_twice_writes_each_entry_once(state: Path) -> None:
 
 def test_a_torn_last_line_is_left_out(state: Path) -> None:
     log, writer = started(state)
-    writer.submit("record_admin", action="kept", target="s1")
+    writer.submit(AdminAction(action="kept", target="s1"))
     writer.written()
     crashed(log, writer)
     with (state / "audit.journal").open("ab") as journal:
@@ -150,9 +150,9 @@ def test_a_long_journal_is_cut_to_the_executions_still_running(
 ) -> None:
     monkeypatch.setattr(audit_writer, "COMPACT_BYTES", 4096)
     log, writer = started(state)
-    running = writer.submit("begin_execution", session="s1", language="python", code="x")
+    running = writer.submit(ExecutionBegun(session="s1", language="python", code="x"))
     for n in range(100):
-        writer.submit("record_admin", action="note", target=f"t{n}", detail={"pad": "x" * 100})
+        writer.submit(AdminAction(action="note", target=f"t{n}", detail={"pad": "x" * 100}))
     writer.written()
     records = Journal(state / "audit.journal").records()
     assert [r["call"] for r in records] == ["opened", "begin_execution"]
@@ -166,12 +166,22 @@ def test_a_long_journal_is_cut_to_the_executions_still_running(
     log.close()
 
 
-def test_an_unknown_entry_is_refused_before_it_is_journaled(state: Path) -> None:
+def test_a_journal_record_of_an_unknown_entry_is_left_out_and_the_rest_replayed(
+    state: Path,
+) -> None:
     log, writer = started(state)
-    with pytest.raises(InvalidInput, match="no entry 'query'"):
-        writer.submit("query", kind="admin")
-    calls = [r["call"] for r in Journal(state / "audit.journal").records()]
-    assert calls == ["opened"]
+    writer.submit(AdminAction(action="kept", target="s1"))
+    writer.written()
+    crashed(log, writer)
+    with (state / "audit.journal").open("ab") as journal:
+        for record in (
+            {"key": "k1", "call": "query", "args": {"kind": "admin"}},
+            {"key": "k2", "call": "record_admin", "args": {"action": "x", "colour": "red"}},
+            {"key": "k3", "call": "record_admin", "args": {"action": "after", "target": "s2"}},
+        ):
+            journal.write(json.dumps(record).encode() + b"\n")
+    log, writer = started(state)
+    assert [e.action for e in entries(state, "admin")] == ["kept", "after"]
     writer.close()
     log.close()
 
@@ -179,7 +189,7 @@ def test_an_unknown_entry_is_refused_before_it_is_journaled(state: Path) -> None
 def test_the_journal_holds_the_code_as_sent(state: Path) -> None:
     log, writer = started(state)
     code = "print('\udcff lone surrogate')"  # valid in JSON, not in UTF-8
-    writer.submit("begin_execution", session="s1", language="python", code=code)
+    writer.submit(ExecutionBegun(session="s1", language="python", code=code))
     raw = (state / "audit.journal").read_bytes().splitlines()[-1]
     assert json.loads(raw)["args"]["code"] == code
     writer.close()

@@ -1,7 +1,7 @@
 """The audit log's one writer: every entry journaled first, written to the database in order
 by a thread of its own, and recovered after a crash.
 
-`submit` appends the entry (the `AuditLog` method to call, its arguments and a key of its
+`submit` appends the entry (a typed `corral.audit_entries.AuditEntry` and a key of its
 own) to the journal (`corral.journal`) and queues it; it never waits for the database. So
 the entry of an execution is in the journal before its code is sent to the kernel, and a
 server killed at any moment loses no entry, whatever the database was doing at the time:
@@ -29,20 +29,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from corral.audit import AuditLog
-from corral.errors import CorralError, InvalidInput, StateUnavailable
+from corral.audit_entries import AuditEntry, Event, ExecutionBegun, ExecutionEnded, from_journal
+from corral.errors import CorralError, StateUnavailable
 from corral.journal import Journal
 
 log = logging.getLogger(__name__)
 
-# The AuditLog methods an entry may name, and whether each takes a `key` and an `at`.
-CALLS: Final = {
-    "record": True,
-    "record_session": True,
-    "record_admin": True,
-    "record_execution": True,
-    "begin_execution": True,
-    "end_execution": False,
-}
 COMPACT_BYTES: Final = 4 << 20
 INTERRUPTED: Final = "server stopped"
 OPENED: Final = "opened"  # the first record of a journal in use
@@ -63,7 +55,16 @@ class _Stop:
     pass
 
 
-_Item = dict[str, Any] | threading.Event | _Stop
+@dataclass(frozen=True)
+class _Queued:
+    """An entry on its way to the database, and its record as the journal holds it."""
+
+    key: str
+    entry: AuditEntry
+    record: dict[str, Any]
+
+
+_Item = _Queued | threading.Event | _Stop
 
 
 class AuditWriter:
@@ -89,20 +90,16 @@ class AuditWriter:
         self._thread.start()
         return recovery
 
-    def submit(self, call: str, /, **args: Any) -> str:
-        """Journal the entry `AuditLog.<call>(**args)` and queue it; its key.
+    def submit(self, entry: AuditEntry) -> str:
+        """Journal `entry` and queue it for the database; its key.
 
         Raises `StateUnavailable` when the journal cannot be written (a full disk): the
         caller decides whether to go on without the entry."""
-        if call not in CALLS:
-            raise InvalidInput(f"the audit log has no entry {call!r}")
-        if CALLS[call]:
-            args.setdefault("at", time.time())  # when it happened, not when it was written
-        record = {"key": uuid.uuid4().hex, "call": call, "args": args}
+        queued = _queued(uuid.uuid4().hex, entry)
         with self._lock:
-            self.journal.append(record)
-            self._queue.put(record)
-        return str(record["key"])
+            self.journal.append(queued.record)
+            self._queue.put(queued)
+        return queued.key
 
     def written(self) -> None:
         """Wait until every entry submitted so far went to the database, or was refused."""
@@ -133,7 +130,7 @@ class AuditWriter:
             item = self._queue.get()
             if isinstance(item, _Stop):
                 return
-            if not isinstance(item, threading.Event):
+            if isinstance(item, _Queued):
                 self._apply(item)
             if self._queue.empty():  # the end of a batch
                 self.journal.sync()
@@ -141,19 +138,14 @@ class AuditWriter:
             if isinstance(item, threading.Event):
                 item.set()
 
-    def _apply(self, record: dict[str, Any]) -> bool:
+    def _apply(self, queued: _Queued) -> bool:
         """Write one journaled entry; False when the database refused it (logged)."""
-        call, args, key = record.get("call"), record.get("args"), record.get("key")
-        if call not in CALLS or not isinstance(args, dict) or not isinstance(key, str):
-            log.error("the audit journal holds an entry it cannot read: %.200r", record)
-            return False
-        if call == "begin_execution":
-            self._running[key] = record
-        elif call == "end_execution":
-            self._running.pop(str(args.get("begun")), None)
-        method = getattr(self.audit, call)
-        extra = {"key": key} if CALLS[call] else {}
-        return self._apply_quietly(lambda: method(**args, **extra))
+        entry = queued.entry
+        if isinstance(entry, ExecutionBegun):
+            self._running[queued.key] = queued.record
+        elif isinstance(entry, ExecutionEnded):
+            self._running.pop(entry.begun, None)
+        return self._apply_quietly(lambda: entry.write(self.audit, queued.key))
 
     def _apply_quietly(self, write: Callable[[], object]) -> bool:
         try:
@@ -178,30 +170,41 @@ class AuditWriter:
     def _recover(self) -> Recovery:
         records = self.journal.records()
         unclean = bool(records) and records[-1].get("call") != CLOSED
-        replayed = sum(
-            1 for record in records if record.get("call") in CALLS and self._apply(record)
-        )
+        replayed = sum(1 for queued in map(_read, records) if queued and self._apply(queued))
         self._running.clear()  # whatever the last run began is over
         marked: list[int] = []
         self._apply_quietly(lambda: marked.append(self.audit.mark_interrupted(INTERRUPTED)))
         interrupted = sum(marked)
         if unclean:
-            entry = {
-                "key": uuid.uuid4().hex,
-                "call": "record",
-                "args": {
-                    "kind": "server",
-                    "actor": "system",
-                    "action": "stopped-uncleanly",
-                    "detail": {"interrupted_executions": interrupted, "replayed_entries": replayed},
-                    "at": time.time(),
-                },
-            }
-            self.journal.append(entry)
-            self._apply(entry)
+            detail = {"interrupted_executions": interrupted, "replayed_entries": replayed}
+            entry = Event(kind="server", actor="system", action="stopped-uncleanly", detail=detail)
+            queued = _queued(uuid.uuid4().hex, entry)
+            self.journal.append(queued.record)
+            self._apply(queued)
         self._opened = {"call": OPENED, "at": time.time()}
         if self.audit.pending == 0:
             self.journal.replace([self._opened])
         else:  # the database refused some: the journal keeps them for the next start
             self.journal.append(self._opened)
         return Recovery(replayed, interrupted, unclean)
+
+
+def _queued(key: str, entry: AuditEntry) -> _Queued:
+    return _Queued(key, entry, {"key": key, "call": entry.TAG, "args": entry.fields()})
+
+
+# Records of the journal's own (when it was opened and closed) hold no entry.
+_MARKS: Final = frozenset({OPENED, CLOSED})
+
+
+def _read(record: dict[str, Any]) -> _Queued | None:
+    """The entry a journal record holds; None for the journal's own marks, and for a record
+    this server cannot read (logged)."""
+    if record.get("call") in _MARKS:
+        return None
+    key = record.get("key")
+    entry = from_journal(record.get("call"), record.get("args"))
+    if entry is None or not isinstance(key, str):
+        log.error("the audit journal holds an entry it cannot read: %.200r", record)
+        return None
+    return _Queued(key, entry, record)

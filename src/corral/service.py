@@ -19,6 +19,14 @@ from types import TracebackType
 from typing import Any
 
 from corral.audit import AuditLog, AuditPage
+from corral.audit_entries import (
+    AdminAction,
+    AuditEntry,
+    Event,
+    ExecutionBegun,
+    ExecutionEnded,
+    SessionChanged,
+)
 from corral.audit_writer import AuditWriter
 from corral.browser.fetch import Browser, PageResult
 from corral.config import Settings
@@ -144,12 +152,13 @@ class Service:
                 # then not sent, since nothing would say it ran.
                 begun.append(
                     self._audit_writer.submit(
-                        "begin_execution",
-                        session=result.session_id,
-                        language=result.language,
-                        code=code,
-                        actor=actor,
-                        at=result.started_at,
+                        ExecutionBegun(
+                            session=result.session_id,
+                            language=result.language,
+                            code=code,
+                            actor=actor,
+                            at=result.started_at,
+                        )
                     )
                 )
                 execution.running = True  # journaled: the code is sent now
@@ -169,11 +178,12 @@ class Service:
             )
             for key in begun:
                 self._audit(
-                    "end_execution",
-                    begun=key,
-                    status=result.status,
-                    duration_s=result.duration_s,
-                    output_bytes=result.output_bytes,
+                    ExecutionEnded(
+                        begun=key,
+                        status=result.status,
+                        duration_s=result.duration_s,
+                        output_bytes=result.output_bytes,
+                    )
                 )
             if begun:
                 self._publish_end(execution.id, result)
@@ -257,13 +267,13 @@ class Service:
                 execution.abandon()
                 await execution.wait()
 
-    def _audit(self, call: str, **args: Any) -> None:
-        """Journal and queue one audit entry (`AuditLog.<call>(**args)`); a refusal is
-        logged and never lets the caller's action fail."""
+    def _audit(self, entry: AuditEntry) -> None:
+        """Journal and queue one audit entry; a refusal is logged and never lets the
+        caller's action fail."""
         try:
-            self._audit_writer.submit(call, **args)
+            self._audit_writer.submit(entry)
         except StateUnavailable as exc:
-            log.error("an audit entry (%s) was lost: %s", call, exc)
+            log.error("an audit entry (%s) was lost: %s", entry.TAG, exc)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -321,7 +331,7 @@ class Service:
         self._audit_session(session_id, "deleted", actor)
 
     def _audit_session(self, session_id: str, event: str, actor: str) -> None:
-        self._audit("record_session", session=session_id, event=event, actor=actor)
+        self._audit(SessionChanged(session=session_id, event=event, actor=actor))
         self.session_events.publish(session_id, event, actor=actor)
 
     def follow_session(
@@ -384,9 +394,7 @@ class Service:
     def _audit_event(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
         self.session_events.publish(session_id, kind, action=action, detail=detail)
         actor = "agent" if kind == "bridge" else "system"
-        self._audit(
-            "record", kind=kind, actor=actor, action=action, session=session_id, detail=detail
-        )
+        self._audit(Event(kind=kind, actor=actor, action=action, session=session_id, detail=detail))
 
     # -- skills ------------------------------------------------------------------------------
 
@@ -410,10 +418,7 @@ class Service:
         folder = user_dir(self.settings.config_dir)
         added = await asyncio.to_thread(_unpack_skill, data, archive_name, folder)
         self._audit(
-            "record_admin",
-            action="add_skill",
-            target=added.name,
-            detail={"archive": archive_name},
+            AdminAction(action="add_skill", target=added.name, detail={"archive": archive_name})
         )
         return added
 
@@ -501,7 +506,7 @@ class Service:
 
     def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
         self._audit(
-            "record_admin", action=action, target=session_id, session=session_id, detail=detail
+            AdminAction(action=action, target=session_id, session=session_id, detail=detail)
         )
 
     def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
@@ -510,19 +515,20 @@ class Service:
             where = f"{target.host}:{target.port}"
             self.sessions.note_refusal(session_id, NetRefusal(where, target.host, decision.rule))
         self._audit(
-            "record",
-            kind="network",
-            actor="agent",
-            action="allow" if decision.allowed else "deny",
-            session=session_id,
-            target=f"{target.host}:{target.port}",
-            detail={
-                "host": target.host,
-                "port": target.port,
-                "allowed": decision.allowed,
-                "address": str(decision.address) if decision.address else None,
-                "rule": decision.rule,
-            },
+            Event(
+                kind="network",
+                actor="agent",
+                action="allow" if decision.allowed else "deny",
+                session=session_id,
+                target=f"{target.host}:{target.port}",
+                detail={
+                    "host": target.host,
+                    "port": target.port,
+                    "allowed": decision.allowed,
+                    "address": str(decision.address) if decision.address else None,
+                    "rule": decision.rule,
+                },
+            )
         )
 
     # -- audit -----------------------------------------------------------------------------
