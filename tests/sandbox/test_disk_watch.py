@@ -47,3 +47,22 @@ def test_after_a_rebase_the_next_look_is_a_baseline(tmp_path: Path) -> None:
     add_empty_files(tmp_path, 20, 5)
     hit = watch.look()
     assert hit is not None and hit.grown == (0, 5)
+
+
+def test_a_look_begun_before_the_execution_does_not_stop_it(tmp_path: Path) -> None:
+    # CI, root, rlimit mode: a host write put the session past its limit; the look that
+    # judged it had begun when the next execution started, and stopped that execution,
+    # which had written nothing.
+    watch = DiskWatch(lambda: [tmp_path], lambda: MIB, lambda: 1000)
+    assert watch.look() is None
+    (tmp_path / "upload").write_bytes(b"x" * 2 * MIB)
+    hit = watch.look()
+    assert hit is not None
+    watch.begin()
+    assert not watch.stop_running_code(hit)
+    assert watch.stopped() is None
+    (tmp_path / "more").write_bytes(b"x" * MIB)
+    later = watch.look()
+    assert later is not None
+    assert watch.stop_running_code(later)
+    assert watch.stopped() == "disk"

@@ -96,8 +96,11 @@ class DiskPatrol:
 
         The note goes to the session before any signal (the code stopped now must find it
         when its result is made), or, when a kernel is to be stopped for good, once it is."""
-        culprits = writers.find_culprits(hit.writers)
         running = _running_kernel(session)
+        if running is not None and not session.disk.stop_running_code(hit):
+            log.debug("session %s: code began after the look that found growth", session.id)
+            return
+        culprits = writers.find_culprits(hit.writers)
         if running is None and not (culprits.branches or culprits.kernels):
             # Nothing named and nothing running: no strike (a second one stops the kernel
             # that started a branch) and no rebase: the next look is no baseline, so growth
@@ -119,8 +122,6 @@ class DiskPatrol:
                 continue  # already on its way out
             elif pid in culprits.kernels or (pid in culprits.parents and session.disk.strikes > 1):
                 idle.append(language)
-        if running is not None:
-            session.disk.stop_running_code()
         note = _what_was_stopped(session, names, idle, running is not None)
         if not idle and (note or running is not None):
             _tell(session, note)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,7 @@ class Hit:
     files: int
     writers: tuple[int, ...]  # host pids that wrote since the look before (none: those busy)
     grown: tuple[int, int] = (0, 0)  # bytes and files added since the look before
+    at: float = 0.0  # when the look began (monotonic)
 
     def grew_past_noise(self) -> bool:
         """Whether the growth is more than a kernel's own small writes (a cache file, a
@@ -142,6 +144,11 @@ class DiskWatch:
         self._stopped = False
         self._rebase = False
         self.strikes = 0  # stops since the current execution, or idle period, began
+        # When the current execution began; with `_stopped`, changed under the lock, so a
+        # stop and a new execution's start never interleave (the patrol's thread and the
+        # event loop).
+        self._began_at = float("-inf")
+        self._lock = threading.Lock()
 
     def due(self, now: float, busy: bool, free: Mapping[int, Free]) -> bool:
         """Whether to look now: the interval passed, or the filesystems lost more than the
@@ -189,9 +196,10 @@ class DiskWatch:
         grew_files = files > self.limit_files() and files > before_files
         if not (grew_bytes or grew_files):
             return None
-        hit = Hit(usage, files, wrote, (usage - before_bytes, files - before_files))
+        grown = (usage - before_bytes, files - before_files)
+        hit = Hit(usage, files, wrote, grown, started)
         if not wrote and hit.grew_past_noise():
-            return Hit(hit.usage, hit.files, busy, hit.grown)  # none wrote: the busy ones
+            return Hit(usage, files, busy, grown, started)  # none wrote: the busy ones
         return hit
 
     def room(self) -> tuple[int, int]:
@@ -225,7 +233,9 @@ class DiskWatch:
 
     def begin(self) -> None:
         """A new execution: only a stop from now on concerns it."""
-        self._stopped = False
+        with self._lock:
+            self._began_at = time.monotonic()
+            self._stopped = False
         self.strikes = 0
 
     def ended(self) -> None:
@@ -233,9 +243,15 @@ class DiskWatch:
         self.strikes = 0
         self.rebase()
 
-    def stop_running_code(self) -> None:
-        """The patrol stopped the running code for the disk limit."""
-        self._stopped = True
+    def stop_running_code(self, hit: Hit) -> bool:
+        """The patrol stops the running code for `hit`; False, and nothing stopped, when
+        that code began after the look did (what the look judged is none of its doing: the
+        next look judges it)."""
+        with self._lock:
+            if self._began_at >= hit.at:
+                return False
+            self._stopped = True
+            return True
 
     def stopped(self) -> Literal["disk"] | None:
         """'disk' once the patrol stopped the running execution's code, else None."""
