@@ -15,11 +15,10 @@ import ipaddress
 import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlencode
 
 import click
 from rich.console import Console
@@ -37,6 +36,8 @@ from corral.owner import find_server
 from corral.protect import validate_protected_names
 from corral.remote import Remote, connect, discover
 from corral.sandbox.limits import format_size
+from corral.server import admin, rest
+from corral.server.operation import Handler
 from corral.service import Service
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
@@ -205,7 +206,7 @@ def sessions_list(as_json: bool) -> None:
     (read without opening a service)."""
     remote = _running_server()
     if remote is not None:
-        rows = _guarded(lambda: remote.call("GET", "/v1/sessions"))["sessions"]
+        rows = _guarded(lambda: remote.invoke(rest.list_sessions))["sessions"]
         where = remote.url
     else:
         rows = [record.__dict__ for record in _store().all()]
@@ -225,7 +226,7 @@ def sessions_list(as_json: bool) -> None:
 @click.argument("session_id")
 def sessions_stop(session_id: str) -> None:
     """Stop a session's kernels on the running server; its workspace and packages stay."""
-    info = _admin("POST", f"/v1/admin/sessions/{session_id}/stop")
+    info = _admin(rest.admin_stop_session, {"id": session_id})
     click.echo(f"{info['id']}: {info['state']}")
 
 
@@ -237,7 +238,7 @@ def sessions_delete(session_id: str) -> None:
     else on the state directory, holding its lock)."""
     remote = _running_server()
     if remote is not None:
-        _guarded(lambda: remote.call("DELETE", f"/v1/admin/sessions/{session_id}"))
+        _guarded(lambda: remote.invoke(admin.delete_session, {"id": session_id}))
     else:
         _call(_with_service(lambda service: service.delete_session(session_id, actor="admin")))
     click.echo(f"{session_id}: deleted")
@@ -420,8 +421,8 @@ def audit(
     query = {name: value for name, value in query.items() if value is not None}
     remote = _running_server()
     if remote is not None:
-        params = urlencode({**query, "limit": limit})
-        page = _guarded(lambda: remote.call("GET", f"/v1/admin/audit?{params}"))
+        params = {**query, "limit": limit}
+        page = _guarded(lambda: remote.invoke(rest.admin_audit, query=params))
     else:
         page = _read_audit(limit=limit, **query)
     if as_json:
@@ -467,7 +468,7 @@ def limits() -> None:
 @click.argument("session_id")
 def limits_show(session_id: str) -> None:
     """The session's limits, what enforces each one, and its usage."""
-    _print_limits(_admin("GET", f"/v1/admin/sessions/{session_id}/limits"))
+    _print_limits(_admin(rest.admin_get_limits, {"id": session_id}))
 
 
 LIMIT_OPTIONS = {
@@ -499,7 +500,7 @@ def limits_set(session_id: str, **values: Any) -> None:
     changes = {LIMIT_OPTIONS[k]: v for k, v in values.items() if v is not None}
     if not changes:
         raise click.UsageError("name at least one limit to change, e.g. --memory 1G")
-    report = _admin("PATCH", f"/v1/admin/sessions/{session_id}/limits", changes)
+    report = _admin(rest.admin_set_limits, {"id": session_id}, changes)
     _print_limits(report)
     if report.get("changed_at_next_start"):
         click.echo(f"from the next start: {', '.join(report['changed_at_next_start'])}")
@@ -547,8 +548,9 @@ def skills_add(archive: Path) -> None:
         raise click.UsageError("a skill archive is a .zip file")
     remote = _running_server()
     if remote is not None:
-        path = f"/v1/admin/skills?{urlencode({'name': archive.name})}"
-        added = _guarded(lambda: remote.call("POST", path, content=archive.read_bytes()))
+        data = archive.read_bytes()
+        name = {"name": archive.name}
+        added = _guarded(lambda: remote.invoke(admin.add_skill, query=name, content=data))
         click.echo(f"added skill {added['name']} ({added['path']})")
         return
     folder = user_dir(_settings().config_dir)
@@ -573,14 +575,14 @@ def bridge() -> None:
 @click.argument("session_id")
 def bridge_enable(session_id: str) -> None:
     """Let SESSION use this server's SSH agent through the bridge (keys stay on the host)."""
-    _print_bridge(_admin("PUT", f"/v1/admin/sessions/{session_id}/bridge", {"ssh_agent": True}))
+    _print_bridge(_admin(rest.admin_set_bridge, {"id": session_id}, {"ssh_agent": True}))
 
 
 @bridge.command("disable")
 @click.argument("session_id")
 def bridge_disable(session_id: str) -> None:
     """Turn SESSION's bridge off."""
-    _print_bridge(_admin("PUT", f"/v1/admin/sessions/{session_id}/bridge", {"ssh_agent": False}))
+    _print_bridge(_admin(rest.admin_set_bridge, {"id": session_id}, {"ssh_agent": False}))
 
 
 def _print_bridge(report: dict[str, Any]) -> None:
@@ -599,7 +601,7 @@ def net() -> None:
 @click.argument("session_id")
 def net_show(session_id: str) -> None:
     """Print the session's mode, allowlist and proxy counters."""
-    _print_policy(_admin("GET", f"/v1/admin/sessions/{session_id}/network"))
+    _print_policy(_admin(rest.admin_get_network, {"id": session_id}))
 
 
 @net.command("allow")
@@ -608,9 +610,7 @@ def net_show(session_id: str) -> None:
 def net_allow(session_id: str, hosts: tuple[str, ...]) -> None:
     """Allow HOSTS (domain, *.domain, host:port, IP, CIDR or a preset: pypi, npm, github,
     huggingface). A session with no network becomes an allowlist."""
-    _print_policy(
-        _admin("POST", f"/v1/admin/sessions/{session_id}/network/allow", {"hosts": list(hosts)})
-    )
+    _print_policy(_admin(rest.admin_allow_network, {"id": session_id}, {"hosts": list(hosts)}))
 
 
 @net.command("deny")
@@ -618,9 +618,7 @@ def net_allow(session_id: str, hosts: tuple[str, ...]) -> None:
 @click.argument("hosts", nargs=-1, required=True)
 def net_deny(session_id: str, hosts: tuple[str, ...]) -> None:
     """Remove HOSTS from the allowlist; open tunnels to them are closed at once."""
-    _print_policy(
-        _admin("POST", f"/v1/admin/sessions/{session_id}/network/deny", {"hosts": list(hosts)})
-    )
+    _print_policy(_admin(rest.admin_deny_network, {"id": session_id}, {"hosts": list(hosts)}))
 
 
 @net.command("set")
@@ -630,9 +628,7 @@ def net_deny(session_id: str, hosts: tuple[str, ...]) -> None:
 def net_set(session_id: str, mode: str, hosts: tuple[str, ...]) -> None:
     """Replace the policy: MODE and, for an allowlist, its HOSTS."""
     _print_policy(
-        _admin(
-            "PUT", f"/v1/admin/sessions/{session_id}/network", {"mode": mode, "allow": list(hosts)}
-        )
+        _admin(rest.admin_set_network, {"id": session_id}, {"mode": mode, "allow": list(hosts)})
     )
 
 
@@ -640,8 +636,8 @@ def net_set(session_id: str, mode: str, hosts: tuple[str, ...]) -> None:
 @click.option("--all", "show_all", is_flag=True, help="Decided requests too.")
 def net_requests(show_all: bool) -> None:
     """Agents' requests for access (pending ones unless --all)."""
-    query = "" if show_all else "?status=pending"
-    found = _admin("GET", f"/v1/admin/network/requests{query}")["requests"]
+    query = {"status": None if show_all else "pending"}
+    found = _admin(rest.admin_network_requests, query=query)["requests"]
     table = Table(title="network requests")
     for column in ("id", "session", "hosts", "reason", "status"):
         table.add_column(column)
@@ -660,7 +656,7 @@ def net_requests(show_all: bool) -> None:
 @click.argument("request_id", type=int)
 def net_approve(request_id: int) -> None:
     """Approve a request: its hosts join the session's allowlist."""
-    decided = _admin("POST", f"/v1/admin/network/requests/{request_id}/approve")
+    decided = _admin(rest.admin_approve_request, {"rid": request_id})
     click.echo(f"request {decided['id']}: {decided['status']} ({' '.join(decided['hosts'])})")
 
 
@@ -668,14 +664,21 @@ def net_approve(request_id: int) -> None:
 @click.argument("request_id", type=int)
 def net_reject(request_id: int) -> None:
     """Reject a request."""
-    decided = _admin("POST", f"/v1/admin/network/requests/{request_id}/reject")
+    decided = _admin(rest.admin_reject_request, {"rid": request_id})
     click.echo(f"request {decided['id']}: {decided['status']}")
 
 
-def _admin(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """Call the running server's API with the admin token; one line and exit 1 when no
-    server runs or it refuses."""
-    return _guarded(lambda: connect(_settings(), _given_url()).call(method, path, body))
+def _admin(
+    handler: Handler,
+    params: Mapping[str, object] | None = None,
+    body: dict[str, Any] | None = None,
+    *,
+    query: Mapping[str, object] | None = None,
+) -> Any:
+    """Call the operation `handler` serves on the running server with the admin token; one
+    line and exit 1 when no server runs or it refuses."""
+    remote = _guarded(lambda: connect(_settings(), _given_url()))
+    return _guarded(lambda: remote.invoke(handler, params, body, query=query))
 
 
 def _running_server(role: Role = Role.ADMIN) -> Remote | None:

@@ -11,6 +11,7 @@ results the service returns.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,9 @@ from corral.config import Settings
 from corral.errors import ServerRefused, ServerUnavailable
 from corral.kernels.results import ExecutionError, ExecutionResult
 from corral.owner import find_server
+from corral.server import rest
+from corral.server.operation import Handler
+from corral.server.routes import operation_of
 from corral.tokens import Role, TokenError, load_tokens
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -71,20 +75,36 @@ class Remote:
             raise ServerRefused(response.status_code, _message_of(response))
         return response.json() if response.content else None
 
+    def invoke(
+        self,
+        handler: Handler,
+        params: Mapping[str, object] | None = None,
+        body: Any = None,
+        *,
+        query: Mapping[str, object] | None = None,
+        content: bytes | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> Any:
+        """`call` for the operation `handler` serves, its path filled from `params` and
+        `query`: a call site names the operation, never its method and path again."""
+        op = operation_of(handler)
+        path = op.url(params, query)
+        return self.call(op.method, path, body, content=content, timeout_s=timeout_s)
+
     def run_once(self, code: str, language: str, timeout_s: float | None) -> ExecutionResult:
         """`corral run` beside a server: a throw-away session there, deleted afterwards."""
-        session = self.call("POST", "/v1/sessions", {})["id"]
+        session = {"id": self.invoke(rest.create_session, body={})["id"]}
         try:
             body = {"code": code, "language": language, "timeout_s": timeout_s}
-            answer = self.call("POST", f"/v1/sessions/{session}/execute", body, timeout_s=None)
+            answer = self.invoke(rest.execute_in_session, session, body, timeout_s=None)
         finally:
-            self.call("DELETE", f"/v1/sessions/{session}")
+            self.invoke(rest.delete_session, session)
         return _result_from(answer)
 
     def fetch_page(self, url: str, screenshot: bool, timeout_s: float | None) -> PageResult:
         """`corral fetch` beside a server: its browser, under its browsing policy."""
         body = {"url": url, "screenshot": screenshot, "timeout_s": timeout_s}
-        return _page_from(self.call("POST", "/v1/browser/fetch", body, timeout_s=None))
+        return _page_from(self.invoke(rest.browser_fetch, body=body, timeout_s=None))
 
 
 def connect(settings: Settings, url: str | None = None, *, role: Role = Role.ADMIN) -> Remote:

@@ -8,17 +8,14 @@ edge (`corral.server.errors`).
 
 from __future__ import annotations
 
-import re
-
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from corral.errors import InvalidInput
-from corral.server.rest import service_of
+from corral.server.operation import Api, service_of
+from corral.server.queries import SkillArchiveQuery
 
-ARCHIVE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,123}\.zip")
+api = Api()
 
 
 class SkillAdded(BaseModel):
@@ -26,22 +23,32 @@ class SkillAdded(BaseModel):
     path: str = Field(description="Where the server unpacked it.")
 
 
+@api(
+    "DELETE",
+    "/v1/admin/sessions/{id}",
+    "Stop any session and delete its files (admin)",
+    ok=(204, None),
+)
 async def delete_session(request: Request) -> Response:
     await service_of(request).delete_session(request.path_params["id"], actor="admin")
     return Response(status_code=204)
 
 
-async def add_skill(request: Request) -> Response:
+@api(
+    "POST",
+    "/v1/admin/skills",
+    "Add a skill from a .zip body, unpacked with the size, count and path checks (admin)",
+    query=SkillArchiveQuery,
+    ok=(201, SkillAdded),
+    raw_body=True,
+    description="A body that is not a zip archive of one skill, or that fails the size, "
+    "count or path checks, gets 400 `invalid_input` naming the check.",
+)
+async def add_skill(request: Request, query: SkillArchiveQuery) -> Response:
     """The body is a skill .zip; `name` (the archive's file name) names a skill whose
     SKILL.md sits at the archive's root. Unpacked with every check of `unpack_skill_zip`."""
-    name = request.query_params.get("name", "skill.zip")
-    if not ARCHIVE_NAME.fullmatch(name):
-        raise InvalidInput(f"{name!r} is not a skill archive's file name (NAME.zip)")
-    added = await service_of(request).add_skill(name, await request.body())
+    added = await service_of(request).add_skill(query.name, await request.body())
     return JSONResponse(SkillAdded(name=added.name, path=str(added)).model_dump(), status_code=201)
 
 
-ROUTES = [
-    Route("/v1/admin/sessions/{id}", delete_session, methods=["DELETE"]),
-    Route("/v1/admin/skills", add_skill, methods=["POST"]),
-]
+ROUTES = api.routes()

@@ -13,49 +13,30 @@ import logging
 import resource
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
-from corral import __version__
 from corral.config import Settings
-from corral.doctor import run_checks
 from corral.errors import AddressInUse
 from corral.owner import ServerInfo
-from corral.server import admin, compat, rest
+from corral.server import compat
 from corral.server.auth import Guard, allowed_hosts
 from corral.server.body import BodyLimit
 from corral.server.errors import HANDLERS
 from corral.server.mcp import build_mcp
+from corral.server.meta import Health
 from corral.server.openapi import document
 from corral.server.protocol import bounded_protocol
+from corral.server.routes import OPERATIONS, routes
 from corral.service import Service
 from corral.tokens import Tokens
 
 log = logging.getLogger(__name__)
-
-
-# Checks whose failure leaves every route but one working: the browser fetch says why itself
-# (a user whose administrator has not installed Chromium still has a healthy server).
-OPTIONAL = frozenset({"browser"})
-
-
-@dataclass
-class Health:
-    """What /health reports: the doctor's failures at start, and the last kernel start failure."""
-
-    failures: dict[str, str] = field(default_factory=dict)
-
-    async def refresh(self, settings: Settings) -> None:
-        checks = await asyncio.to_thread(run_checks, settings)
-        self.failures = {c.name: c.detail for c in checks if not c.ok and c.name not in OPTIONAL}
 
 
 def build_app(
@@ -89,17 +70,15 @@ def build_app(
 
     app = Starlette(
         routes=[
-            Route("/health", _health_route(health, service), methods=["GET", "HEAD"]),
-            Route("/openapi.json", _openapi, methods=["GET"]),
-            *compat.ROUTES,
-            *rest.ROUTES,
-            *admin.ROUTES,
+            *routes(),
             *_mcp_routes(mcp_app),
         ],
         lifespan=lifespan,
         exception_handlers=HANDLERS,
     )
     app.state.service = service
+    app.state.health = health
+    app.state.openapi = document()
     limited = BodyLimit(
         app,
         max_bytes=settings.max_body_bytes,
@@ -113,6 +92,7 @@ def build_app(
         token_problem=token_problem,
         hosts=hosts,
         coderunner_paths=compat.PATHS,
+        open_routes=_open_routes(),
     )
 
 
@@ -125,23 +105,15 @@ def _mcp_routes(mcp_app: Starlette) -> list[BaseRoute]:
     return list(mcp_app.routes)
 
 
-def _health_route(health: Health, service: Service):  # type: ignore[no-untyped-def]
-    async def route(request: Request) -> Response:
-        failures = dict(health.failures)
-        if service.sessions.last_start_failure:
-            failures["kernels"] = service.sessions.last_start_failure
-        body = {
-            "status": "unavailable" if failures else "ok",
-            "version": __version__,
-            "checks": failures or {"sandbox": "ok"},
-        }
-        return JSONResponse(body, status_code=503 if failures else 200)
-
-    return route
-
-
-async def _openapi(request: Request) -> Response:
-    return JSONResponse(document())
+def _open_routes() -> frozenset[tuple[str, str]]:
+    """What the guard lets through without a token: the operations declared `open`."""
+    methods = {"GET": ("GET", "HEAD")}
+    return frozenset(
+        (method, op.path)
+        for op in OPERATIONS
+        if op.open
+        for method in methods.get(op.method, (op.method,))
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

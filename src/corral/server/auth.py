@@ -22,7 +22,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral.server.responses import error_response
 from corral.tokens import Role, Tokens
 
-OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
 ADMIN_PREFIX = "/v1/admin/"
 ROLE_KEY = "corral.role"
 # coderunner's answer to a foreign Host or Origin, on the paths it serves too (its
@@ -61,12 +60,14 @@ class Guard:
         token_problem: str | None,
         hosts: frozenset[str],
         coderunner_paths: frozenset[str],
+        open_routes: frozenset[tuple[str, str]],
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.token_problem = token_problem
         self.hosts = hosts
         self.coderunner_paths = coderunner_paths  # refused Host/Origin as coderunner says it
+        self.open_routes = open_routes  # (method, path) reached without a token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -83,7 +84,7 @@ class Guard:
         refusal = self._header_refusal(headers)
         if refusal is not None:
             return CODERUNNER_REFUSAL if scope["path"] in self.coderunner_paths else refusal
-        if (scope.get("method", "GET"), scope["path"]) in OPEN_ROUTES:
+        if (scope.get("method", "GET"), scope["path"]) in self.open_routes:
             return None
         if scope["path"].startswith(DISCOVERY_PREFIX):
             return error_response(404, "no_oauth", NO_OAUTH)

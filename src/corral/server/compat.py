@@ -14,15 +14,16 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from corral import errors as e
 from corral import texts
 from corral.browser.fetch import PageResult
 from corral.kernels.sessions import SessionInfo
+from corral.server import schemas as s
 from corral.server.auth import role_of
 from corral.server.errors import status_of
-from corral.server.rest import service_of
+from corral.server.operation import Api, service_of
+from corral.server.queries import CompatSessionQuery, CompatStopQuery
 from corral.server.schemas import (
     CompatBrowserRequest,
     CompatExecuteRequest,
@@ -30,6 +31,18 @@ from corral.server.schemas import (
 )
 
 NOT_AN_OBJECT = 'The body must be a JSON object, such as {"session_id": "s1"}, or empty.'
+BROWSER_TEXT = (
+    "Every answer is 200, as in coderunner: a malformed body, a missing `url` or a page that "
+    'cannot be loaded gives `status` "error" with the reason in `error`.'
+)
+STOP_TEXT = (
+    "coderunner's clients may give `session_id` in a JSON body instead of the query; the "
+    "query wins when both are given, and a body given is checked either way."
+)
+
+# Each handler reads its own input (`parse=False`): a bad one is answered in coderunner's
+# shape for that route, not corral's.
+api = Api()
 
 
 def session_view(info: SessionInfo) -> dict[str, Any]:
@@ -40,6 +53,15 @@ def session_view(info: SessionInfo) -> dict[str, Any]:
     return {"session_id": info.id, "status": shown, "created_at": created}
 
 
+@api(
+    "POST",
+    "/execute",
+    "coderunner: run code",
+    body=s.CompatExecuteRequest,
+    ok=(200, s.CompatExecuteResponse),
+    error_model=s.CompatExecuteResponse,
+    parse=False,
+)
 async def execute(request: Request) -> Response:
     try:
         body = CompatExecuteRequest.model_validate(json.loads(await request.body() or b"{}"))
@@ -75,6 +97,16 @@ def _exec_failure(status: int, message: str) -> Response:
     )
 
 
+@api(
+    "POST",
+    "/v1/sessions/session",
+    "coderunner: create a session",
+    body=s.CompatSessionRequest,
+    body_required=False,
+    ok=(201, s.CompatSession),
+    error_model=s.CompatError,
+    parse=False,
+)
 async def create_session(request: Request) -> Response:
     body = await _session_body(request)
     if isinstance(body, Response):
@@ -98,6 +130,15 @@ async def _created(request: Request, session_id: str | None) -> Response:
     return JSONResponse(session_view(info), status_code=201)
 
 
+@api(
+    "GET",
+    "/v1/sessions/session",
+    "coderunner: get one session (or list them all)",
+    query=CompatSessionQuery,
+    ok=(200, s.CompatSessionOrList),
+    error_model=s.CompatError,
+    parse=False,
+)
 async def get_session(request: Request) -> Response:
     session_id = request.query_params.get("session_id")
     service = service_of(request)
@@ -112,6 +153,18 @@ async def _got(info: SessionInfo) -> Response:
     return JSONResponse(session_view(info))
 
 
+@api(
+    "DELETE",
+    "/v1/sessions/session",
+    "coderunner: stop a session",
+    description=STOP_TEXT,
+    body=s.CompatSessionRequest,
+    body_required=False,
+    query=CompatStopQuery,
+    ok=(200, s.CompatSession),
+    error_model=s.CompatError,
+    parse=False,
+)
 async def delete_session(request: Request) -> Response:
     """The session in the query, else in the body; a body given is checked either way."""
     body = await _session_body(request)
@@ -141,6 +194,18 @@ async def _call(action: Any) -> Response:
     return response
 
 
+@api(
+    "POST",
+    "/v1/browser/interactions/navigate",
+    "coderunner: load a page and return its visible text",
+    description=BROWSER_TEXT,
+    body=s.CompatBrowserRequest,
+    body_required=False,
+    any_body=True,
+    ok=(200, s.CompatNavigateResponse),
+    error_model=s.CompatNavigateResponse,
+    parse=False,
+)
 async def browser_navigate(request: Request) -> Response:
     """coderunner's navigate: `{status, url, title, content}` or `{status: "error", error}`."""
     page = await _fetch_for_compat(request)
@@ -156,6 +221,18 @@ async def browser_navigate(request: Request) -> Response:
     )
 
 
+@api(
+    "POST",
+    "/v1/browser/interactions/content",
+    "coderunner: load a page and return its readable content",
+    description=BROWSER_TEXT,
+    body=s.CompatBrowserRequest,
+    body_required=False,
+    any_body=True,
+    ok=(200, s.CompatContentResponse),
+    error_model=s.CompatContentResponse,
+    parse=False,
+)
 async def browser_content(request: Request) -> Response:
     """coderunner's content: `{status, readable_content: {content}}`, anchors when asked."""
     page = await _fetch_for_compat(request)
@@ -195,13 +272,6 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-ROUTES = [
-    Route("/execute", execute, methods=["POST"]),
-    Route("/v1/sessions/session", create_session, methods=["POST"]),
-    Route("/v1/sessions/session", get_session, methods=["GET"]),
-    Route("/v1/sessions/session", delete_session, methods=["DELETE"]),
-    Route("/v1/browser/interactions/navigate", browser_navigate, methods=["POST"]),
-    Route("/v1/browser/interactions/content", browser_content, methods=["POST"]),
-]
+ROUTES = api.routes()
 # Every path coderunner serves: its REST routes, its health check and its MCP endpoint.
-PATHS = frozenset({route.path for route in ROUTES} | {"/health", "/mcp"})
+PATHS = frozenset({op.path for op in api.operations} | {"/health", "/mcp"})

@@ -1,4 +1,5 @@
-"""The clean `/v1` REST API: thin handlers that validate, call the service and shape JSON.
+"""The clean `/v1` REST API: thin handlers that call the service and shape JSON, each
+declared once with its route and its OpenAPI entry (`corral.server.operation`).
 
 Errors are not handled here: the app maps `corral.errors` and validation failures to
 statuses in one place (`corral.server.errors`).
@@ -8,75 +9,113 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar, overload
+from typing import Any
 
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
-from corral.audit import MAX_QUERY_LIMIT
 from corral.errors import InvalidInput
 from corral.execution import Execution
-from corral.kernels.session import validate_session_id
+from corral.server import queries as q
+from corral.server import schemas as s
 from corral.server.auth import role_of
-from corral.server.schemas import (
-    BridgeRequest,
-    CreateSessionRequest,
-    ExecuteAnyRequest,
-    ExecuteRequest,
-    FetchRequest,
-    LimitsChange,
-    NetworkAccessRequest,
-    NetworkHostsRequest,
-    NetworkPolicyRequest,
-)
-from corral.service import Service
+from corral.server.operation import Api, service_of
 
 STREAM_TYPES = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
 MEDIA = {mode: media for media, mode in STREAM_TYPES.items()}
 EXECUTION_HEADER = "X-Corral-Execution-Id"
 KEEPALIVE_S = 15.0
+EXECUTION_ID_PATTERN = "^ex-[0-9a-f]{16}$"
 
+api = Api()
 
-def service_of(request: Request) -> Service:
-    service: Service = request.app.state.service
-    return service
-
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
-    """The JSON body validated against `model`; InvalidInput for bad JSON, 422 for bad fields."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"the body is not valid JSON: {exc}") from exc
-    return model.model_validate(data)
+# What the document says of the routes beyond their schemas.
+STREAM_TEXT = (
+    "Accept: text/event-stream or application/x-ndjson streams an `execution` event (its id), "
+    "then stdout, stderr, display and error events, each with its number `seq` (the SSE "
+    "`id`), then the result. The code runs on if the client goes away; "
+    "GET /v1/executions/{eid}/events?after=SEQ resumes the stream."
+)
+PATH_TEXT = (
+    "`path` is relative to /workspace; one that leaves it (`..`, an absolute path elsewhere, "
+    "a link out) or holds a NUL gets 400 `path_refused`."
+)
+EXECUTION_ID_HEADER: dict[str, Any] = {
+    EXECUTION_HEADER: {
+        "description": "The execution's id, for GET /v1/executions/{eid}",
+        "required": True,
+        "schema": {"type": "string", "pattern": EXECUTION_ID_PATTERN},
+    }
+}
+_EXECUTION_ID = (("eid", f"$response.header.{EXECUTION_HEADER}"),)
+EXECUTION_LINKS = (
+    ("GetExecution", "get_v1_executions_eid", _EXECUTION_ID),
+    ("GetExecutionEvents", "get_v1_executions_eid_events", _EXECUTION_ID),
+)
+SESSION_LINKS = (
+    ("DeleteFile", "delete_v1_sessions_id_files", (("id", "$response.body#/id"),)),
+    (
+        "StopCoderunnerSession",
+        "delete_v1_sessions_session",
+        (("query.session_id", "$response.body#/id"),),
+    ),
+)
+SKILL_LINKS = (
+    (
+        "GetSkillFile",
+        "get_v1_skills_name_files_filename",
+        (("name", "$response.body#/skills/0/name"), ("filename", "SKILL.md")),
+    ),
+)
+SESSION_EVENTS_TEXT = (
+    "Each event has `seq` (the SSE `id`), `kind`, `at` and its details. The newest 500 are "
+    "kept per session; a client further behind first gets a `missed` event with their "
+    "count. The stream ends when the session is deleted or the server stops; an idle one "
+    "carries a keep-alive every 15 s."
+)
+LIMITS_TEXT = (
+    "A value the schema admits can still be refused: a size string that comes to less than "
+    "the minimum (128 MiB of memory, 1 byte otherwise) or more than 8192 TiB gets 400 "
+    "`invalid_input`; memory below what the session uses now gets 409 `conflict`."
+)
+FETCH_ERRORS = (
+    ("403", "The browsing policy refused the page's host; the message says how to allow it"),
+    ("502", "The page could not be loaded; the message says why"),
+    ("504", "The page did not load within the timeout"),
+)
 
 
 # -- sessions ------------------------------------------------------------------------------
 
 
-async def create_session(request: Request) -> Response:
-    body = await parse_body(request, CreateSessionRequest)
+@api(
+    "POST",
+    "/v1/sessions",
+    "Create a session",
+    body=s.CreateSessionRequest,
+    body_required=False,
+    ok=(201, s.SessionModel),
+    links=SESSION_LINKS,
+)
+async def create_session(request: Request, body: s.CreateSessionRequest) -> Response:
     info = await service_of(request).create_session(
         body.id, actor=role_of(request.scope).value, mounts=body.mounts
     )
     return JSONResponse(info.to_dict(), status_code=201)
 
 
+@api("GET", "/v1/sessions", "List sessions", ok=(200, s.SessionList))
 async def list_sessions(request: Request) -> Response:
     sessions = [info.to_dict() for info in service_of(request).list_sessions()]
     return JSONResponse({"sessions": sessions})
 
 
+@api("GET", "/v1/sessions/{id}", "Get a session", ok=(200, s.SessionModel))
 async def get_session(request: Request) -> Response:
     return JSONResponse(service_of(request).get_session(request.path_params["id"]).to_dict())
 
 
+@api("DELETE", "/v1/sessions/{id}", "Stop a session and delete its files", ok=(204, None))
 async def delete_session(request: Request) -> Response:
     await service_of(request).delete_session(
         request.path_params["id"], actor=role_of(request.scope).value
@@ -84,6 +123,12 @@ async def delete_session(request: Request) -> Response:
     return Response(status_code=204)
 
 
+@api(
+    "POST",
+    "/v1/sessions/{id}/stop",
+    "Stop a session's kernels (files stay)",
+    ok=(200, s.SessionModel),
+)
 async def stop_session(request: Request) -> Response:
     info = await service_of(request).stop_session(
         request.path_params["id"], actor=role_of(request.scope).value
@@ -91,6 +136,7 @@ async def stop_session(request: Request) -> Response:
     return JSONResponse(info.to_dict())
 
 
+@api("POST", "/v1/sessions/{id}/restart", "Replace a session's kernels", ok=(200, s.SessionModel))
 async def restart_session(request: Request) -> Response:
     info = await service_of(request).restart_session(
         request.path_params["id"], actor=role_of(request.scope).value
@@ -101,17 +147,35 @@ async def restart_session(request: Request) -> Response:
 # -- execution -----------------------------------------------------------------------------
 
 
-async def execute_in_session(request: Request) -> Response:
-    body = await parse_body(request, ExecuteRequest)
+@api(
+    "POST",
+    "/v1/sessions/{id}/execute",
+    "Run code in a session",
+    description=STREAM_TEXT,
+    body=s.ExecuteRequest,
+    ok=(200, s.ExecutionResultModel),
+    headers=EXECUTION_ID_HEADER,
+    links=EXECUTION_LINKS,
+)
+async def execute_in_session(request: Request, body: s.ExecuteRequest) -> Response:
     return await _execute(request, request.path_params["id"], body)
 
 
-async def execute_any(request: Request) -> Response:
-    body = await parse_body(request, ExecuteAnyRequest)
+@api(
+    "POST",
+    "/v1/execute",
+    "Run code in a named or the default session",
+    description=STREAM_TEXT,
+    body=s.ExecuteAnyRequest,
+    ok=(200, s.ExecutionResultModel),
+    headers=EXECUTION_ID_HEADER,
+    links=EXECUTION_LINKS,
+)
+async def execute_any(request: Request, body: s.ExecuteAnyRequest) -> Response:
     return await _execute(request, body.session_id, body)
 
 
-async def _execute(request: Request, session_id: str | None, body: ExecuteRequest) -> Response:
+async def _execute(request: Request, session_id: str | None, body: s.ExecuteRequest) -> Response:
     """The result as JSON, or streamed as SSE/NDJSON events when the client accepts that.
 
     The request is checked before anything starts, so a refusal is a plain status; once
@@ -170,32 +234,60 @@ def _event(mode: str, name: str, data: dict[str, Any], number: int | None = None
 # -- executions a client comes back to --------------------------------------------------------
 
 
-async def list_executions(request: Request) -> Response:
-    session_id = request.query_params.get("session_id")
-    if session_id is not None:
-        validate_session_id(session_id)
-    kept = service_of(request).executions.listed(session_id)
+@api(
+    "GET",
+    "/v1/executions",
+    "The executions kept by id (running, and ended ones for a while), newest first",
+    query=q.ExecutionsQuery,
+    ok=(200, s.ExecutionList),
+)
+async def list_executions(request: Request, query: q.ExecutionsQuery) -> Response:
+    kept = service_of(request).executions.listed(query.session_id)
     return JSONResponse({"executions": [execution_view(e, with_result=False) for e in kept]})
 
 
+@api(
+    "GET",
+    "/v1/executions/{eid}",
+    "An execution's state and, once it ended, its result",
+    ok=(200, s.ExecutionModel),
+)
 async def get_execution(request: Request) -> Response:
     execution = service_of(request).executions.get(request.path_params["eid"])
     return JSONResponse(execution_view(execution, with_result=True))
 
 
-async def execution_events(request: Request) -> Response:
+@api(
+    "GET",
+    "/v1/executions/{eid}/events",
+    "An execution's output events after number `after` (or Last-Event-ID), as they "
+    "happen, then its result; SSE unless Accept asks for application/x-ndjson",
+    query=q.EventsQuery,
+    stream=True,
+)
+async def execution_events(request: Request, query: q.EventsQuery) -> Response:
     """The events after `?after=N` (or the SSE `Last-Event-ID`), then the result."""
     execution = service_of(request).executions.get(request.path_params["eid"])
-    after = _after(request)
+    after = _after(request, query)
     return _streamed(execution, _stream_mode(request) or "sse", after=after, announce=False)
 
 
-async def session_events(request: Request) -> Response:
+@api(
+    "GET",
+    "/v1/sessions/{id}/events",
+    "A session's status events after number `after` (or Last-Event-ID), then each as "
+    "it happens: created, busy, idle, kernel_died, kernel_restarted, limit, restarted, "
+    "stopped, deleted; SSE unless Accept asks for application/x-ndjson",
+    description=SESSION_EVENTS_TEXT,
+    query=q.EventsQuery,
+    stream=True,
+)
+async def session_events(request: Request, query: q.EventsQuery) -> Response:
     """The session's status events after `?after=N` (or `Last-Event-ID`), then each as it
     happens, until the session is deleted or the server stops; SSE unless Accept asks
     for NDJSON. A comment (SSE) or an empty line (NDJSON) every KEEPALIVE_S keeps an idle
     connection open."""
-    after = _after(request)
+    after = _after(request, query)
     mode = _stream_mode(request) or "sse"
     events = service_of(request).follow_session(request.path_params["id"], after, KEEPALIVE_S)
     missed = service_of(request).session_events.missed(request.path_params["id"], after)
@@ -212,10 +304,11 @@ async def session_events(request: Request) -> Response:
     return StreamingResponse(body(), media_type=MEDIA[mode], headers={"Cache-Control": "no-store"})
 
 
-def _after(request: Request) -> int:
+def _after(request: Request, query: q.EventsQuery) -> int:
     """The last event number the client saw: `?after=N`, else SSE's `Last-Event-ID`."""
-    raw = request.query_params.get("after") or request.headers.get("last-event-id")
-    after = _int_param(raw, 0)
+    if query.after is not None:
+        return query.after
+    after = _int_param(request.headers.get("last-event-id"), 0)
     if after < 0:
         raise InvalidInput("after must be an event number, 0 or more")
     return after
@@ -241,106 +334,168 @@ def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]
 # -- files ---------------------------------------------------------------------------------
 
 
-async def list_files(request: Request) -> Response:
-    params = request.query_params
-    path = params.get("path", ".")
-    if not path:
-        raise InvalidInput("the 'path' query parameter is empty: use '.' for /workspace itself")
+@api(
+    "GET",
+    "/v1/sessions/{id}/files",
+    "List workspace files",
+    query=q.FilesQuery,
+    ok=(200, s.FileListing),
+    description=PATH_TEXT,
+)
+async def list_files(request: Request, query: q.FilesQuery) -> Response:
     listing = service_of(request).list_files(
-        request.path_params["id"],
-        path,
-        recursive=_bool_param(params.get("recursive")),
+        request.path_params["id"], query.path, recursive=query.recursive
     )
     return JSONResponse(listing.to_dict())
 
 
-async def download_file(request: Request) -> Response:
-    data = service_of(request).read_file(request.path_params["id"], _required_path(request))
+@api(
+    "GET",
+    "/v1/sessions/{id}/files/content",
+    "Download a workspace file",
+    query=q.FileQuery,
+    description=PATH_TEXT,
+    raw_response=True,
+)
+async def download_file(request: Request, query: q.FileQuery) -> Response:
+    data = service_of(request).read_file(request.path_params["id"], query.path)
     return Response(data, media_type="application/octet-stream")
 
 
-async def upload_file(request: Request) -> Response:
+@api(
+    "PUT",
+    "/v1/sessions/{id}/files/content",
+    "Upload a workspace file (raw body; none writes an empty file)",
+    query=q.FileQuery,
+    ok=(201, s.FileEntryModel),
+    description=PATH_TEXT,
+    raw_body=True,
+    body_required=False,
+)
+async def upload_file(request: Request, query: q.FileQuery) -> Response:
     data = await request.body()
-    entry = service_of(request).write_file(request.path_params["id"], _required_path(request), data)
+    entry = service_of(request).write_file(request.path_params["id"], query.path, data)
     return JSONResponse(entry.to_dict(), status_code=201)
 
 
-async def delete_file(request: Request) -> Response:
-    recursive = _bool_param(request.query_params.get("recursive"))
+@api(
+    "DELETE",
+    "/v1/sessions/{id}/files",
+    "Delete a workspace file or directory",
+    query=q.FileDeleteQuery,
+    ok=(204, None),
+    description=PATH_TEXT,
+)
+async def delete_file(request: Request, query: q.FileDeleteQuery) -> Response:
     service_of(request).delete_file(
-        request.path_params["id"], _required_path(request), recursive=recursive
+        request.path_params["id"], query.path, recursive=query.recursive
     )
     return Response(status_code=204)
-
-
-def _required_path(request: Request) -> str:
-    path = request.query_params.get("path")
-    if not path:
-        raise InvalidInput("the 'path' query parameter is required")
-    return path
 
 
 # -- admin ---------------------------------------------------------------------------------
 
 
-async def admin_audit(request: Request) -> Response:
-    params = request.query_params
+@api(
+    "GET",
+    "/v1/admin/audit",
+    "Page through the audit log (admin)",
+    query=q.AuditQuery,
+    ok=(200, s.AuditPageModel),
+)
+async def admin_audit(request: Request, query: q.AuditQuery) -> Response:
     page = await service_of(request).audit_page(
-        kind=params.get("kind"),
-        session=params.get("session"),
-        before_id=_int_param(params.get("before_id")),
-        limit=_page_limit(params.get("limit")),
+        kind=query.kind, session=query.session, before_id=query.before_id, limit=query.limit
     )
     return JSONResponse(page.to_dict())
 
 
-def _page_limit(raw: str | None) -> int:
-    """`?limit=`, 100 by default; past `MAX_QUERY_LIMIT` it is refused, as documented."""
-    limit = _int_param(raw, default=100)
-    if limit > MAX_QUERY_LIMIT:
-        raise InvalidInput(f"limit must be at most {MAX_QUERY_LIMIT}, not {limit}")
-    return limit
-
-
+@api(
+    "POST",
+    "/v1/admin/sessions/{id}/stop",
+    "Stop any session (admin)",
+    ok=(200, s.SessionModel),
+)
 async def admin_stop_session(request: Request) -> Response:
     info = await service_of(request).admin_stop_session(request.path_params["id"])
     return JSONResponse(info.to_dict())
 
 
+@api(
+    "GET",
+    "/v1/admin/sessions/{id}/limits",
+    "A session's limits, what enforces them and its usage (admin)",
+    ok=(200, s.SessionLimitsModel),
+)
 async def admin_get_limits(request: Request) -> Response:
     return JSONResponse(service_of(request).session_limits(request.path_params["id"]).to_dict())
 
 
-async def admin_set_limits(request: Request) -> Response:
-    body = await parse_body(request, LimitsChange)
+@api(
+    "PATCH",
+    "/v1/admin/sessions/{id}/limits",
+    "Change a session's limits; running sandboxes change at once where possible (admin)",
+    body=s.LimitsChange,
+    ok=(200, s.SessionLimitsModel),
+    description=LIMITS_TEXT,
+)
+async def admin_set_limits(request: Request, body: s.LimitsChange) -> Response:
     changes = body.model_dump(exclude_none=True)  # the model refuses nulls and {}
     report = await service_of(request).set_session_limits(request.path_params["id"], changes)
     return JSONResponse(report.to_dict())
 
 
-async def admin_set_bridge(request: Request) -> Response:
-    body = await parse_body(request, BridgeRequest)
+@api(
+    "PUT",
+    "/v1/admin/sessions/{id}/bridge",
+    "Enable or disable a session's SSH agent bridge, from its next start (admin)",
+    body=s.BridgeRequest,
+    ok=(200, s.BridgeModel),
+)
+async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> Response:
     report = await service_of(request).set_bridge(request.path_params["id"], body.ssh_agent)
     return JSONResponse(report.to_dict())
 
 
+@api(
+    "GET",
+    "/v1/skills",
+    "The skills, public and the user's",
+    ok=(200, s.SkillList),
+    links=SKILL_LINKS,
+)
 async def list_skills(request: Request) -> Response:
     return JSONResponse((await service_of(request).list_skills()).to_dict())
 
 
+@api("GET", "/v1/skills/{name}", "A skill and its SKILL.md", ok=(200, s.SkillInfo))
 async def skill_info(request: Request) -> Response:
     info = await service_of(request).skill_info(request.path_params["name"])
     return JSONResponse(info.to_dict())
 
 
+@api(
+    "GET",
+    "/v1/skills/{name}/files/{filename:path}",
+    "A file of a skill (its path inside the skill folder)",
+    ok=(200, None),
+    raw_response=True,
+)
 async def skill_file(request: Request) -> Response:
     params = request.path_params
     data = await service_of(request).skill_file(params["name"], params["filename"])
     return Response(data, media_type="application/octet-stream")
 
 
-async def browser_fetch(request: Request) -> Response:
-    body = await parse_body(request, FetchRequest)
+@api(
+    "POST",
+    "/v1/browser/fetch",
+    "Load a web page in a sandboxed browser: title, final URL, text, links",
+    body=s.FetchRequest,
+    ok=(200, s.PageModel),
+    extra_errors=FETCH_ERRORS,
+)
+async def browser_fetch(request: Request, body: s.FetchRequest) -> Response:
     page = await service_of(request).fetch_page(
         body.url, screenshot=body.screenshot, timeout_s=body.timeout_s
     )
@@ -350,49 +505,97 @@ async def browser_fetch(request: Request) -> Response:
 # -- network ---------------------------------------------------------------------------------
 
 
-async def request_network(request: Request) -> Response:
+@api(
+    "POST",
+    "/v1/sessions/{id}/network/requests",
+    "Ask the operator for network access (grants nothing by itself)",
+    body=s.NetworkAccessRequest,
+    ok=(202, s.NetworkRequestModel),
+)
+async def request_network(request: Request, body: s.NetworkAccessRequest) -> Response:
     """The agent asks for access; the answer comes from the operator, later."""
-    body = await parse_body(request, NetworkAccessRequest)
     made = await service_of(request).request_network_access(
         request.path_params["id"], body.hosts, body.reason
     )
     return JSONResponse(made.to_dict(), status_code=202)
 
 
+@api(
+    "GET",
+    "/v1/admin/sessions/{id}/network",
+    "A session's network policy (admin)",
+    ok=(200, s.NetworkPolicyModel),
+)
 async def admin_get_network(request: Request) -> Response:
     return JSONResponse(service_of(request).network_policy(request.path_params["id"]).to_dict())
 
 
-async def admin_set_network(request: Request) -> Response:
-    body = await parse_body(request, NetworkPolicyRequest)
+@api(
+    "PUT",
+    "/v1/admin/sessions/{id}/network",
+    "Replace a session's policy (admin)",
+    body=s.NetworkPolicyRequest,
+    ok=(200, s.NetworkPolicyModel),
+)
+async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> Response:
     changed = await service_of(request).set_network(
         request.path_params["id"], body.mode, body.allow
     )
     return JSONResponse(changed.to_dict())
 
 
-async def admin_allow_network(request: Request) -> Response:
-    body = await parse_body(request, NetworkHostsRequest)
+@api(
+    "POST",
+    "/v1/admin/sessions/{id}/network/allow",
+    "Allow hosts (admin)",
+    body=s.NetworkHostsRequest,
+    ok=(200, s.NetworkPolicyModel),
+)
+async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> Response:
     changed = await service_of(request).allow_network(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
-async def admin_deny_network(request: Request) -> Response:
-    body = await parse_body(request, NetworkHostsRequest)
+@api(
+    "POST",
+    "/v1/admin/sessions/{id}/network/deny",
+    "Remove hosts (admin)",
+    body=s.NetworkHostsRequest,
+    ok=(200, s.NetworkPolicyModel),
+)
+async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> Response:
     changed = await service_of(request).deny_network(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
-async def admin_network_requests(request: Request) -> Response:
-    status = request.query_params.get("status")
-    found = await service_of(request).network_requests(status)
+@api(
+    "GET",
+    "/v1/admin/network/requests",
+    "Agents' access requests (admin)",
+    query=q.NetworkRequestsQuery,
+    ok=(200, s.NetworkRequestList),
+)
+async def admin_network_requests(request: Request, query: q.NetworkRequestsQuery) -> Response:
+    found = await service_of(request).network_requests(query.status)
     return JSONResponse({"requests": [made.to_dict() for made in found]})
 
 
+@api(
+    "POST",
+    "/v1/admin/network/requests/{rid}/approve",
+    "Approve a request (admin)",
+    ok=(200, s.NetworkRequestModel),
+)
 async def admin_approve_request(request: Request) -> Response:
     return await _decide_request(request, approve=True)
 
 
+@api(
+    "POST",
+    "/v1/admin/network/requests/{rid}/reject",
+    "Reject a request (admin)",
+    ok=(200, s.NetworkRequestModel),
+)
 async def admin_reject_request(request: Request) -> Response:
     return await _decide_request(request, approve=False)
 
@@ -403,20 +606,7 @@ async def _decide_request(request: Request, *, approve: bool) -> Response:
     return JSONResponse(decided.to_dict())
 
 
-def _bool_param(raw: str | None) -> bool:
-    if raw is None:
-        return False
-    value = raw.lower()
-    if value not in ("true", "false", "1", "0", "yes", "no"):
-        raise InvalidInput(f"{raw!r} is not true or false")
-    return value in ("true", "1", "yes")
-
-
-@overload
-def _int_param(raw: str | None) -> int | None: ...
-@overload
-def _int_param(raw: str | None, default: int) -> int: ...
-def _int_param(raw: str | None, default: int | None = None) -> int | None:
+def _int_param(raw: str | None, default: int) -> int:
     if raw is None:
         return default
     try:
@@ -425,38 +615,4 @@ def _int_param(raw: str | None, default: int | None = None) -> int | None:
         raise InvalidInput(f"{raw!r} is not a whole number") from exc
 
 
-ROUTES = [
-    Route("/v1/sessions", create_session, methods=["POST"]),
-    Route("/v1/sessions", list_sessions, methods=["GET"]),
-    Route("/v1/sessions/{id}", get_session, methods=["GET"]),
-    Route("/v1/sessions/{id}", delete_session, methods=["DELETE"]),
-    Route("/v1/sessions/{id}/stop", stop_session, methods=["POST"]),
-    Route("/v1/sessions/{id}/restart", restart_session, methods=["POST"]),
-    Route("/v1/sessions/{id}/execute", execute_in_session, methods=["POST"]),
-    Route("/v1/execute", execute_any, methods=["POST"]),
-    Route("/v1/sessions/{id}/events", session_events, methods=["GET"]),
-    Route("/v1/executions", list_executions, methods=["GET"]),
-    Route("/v1/executions/{eid}", get_execution, methods=["GET"]),
-    Route("/v1/executions/{eid}/events", execution_events, methods=["GET"]),
-    Route("/v1/sessions/{id}/files", list_files, methods=["GET"]),
-    Route("/v1/sessions/{id}/files", delete_file, methods=["DELETE"]),
-    Route("/v1/sessions/{id}/files/content", download_file, methods=["GET"]),
-    Route("/v1/sessions/{id}/files/content", upload_file, methods=["PUT"]),
-    Route("/v1/browser/fetch", browser_fetch, methods=["POST"]),
-    Route("/v1/skills", list_skills, methods=["GET"]),
-    Route("/v1/skills/{name}", skill_info, methods=["GET"]),
-    Route("/v1/skills/{name}/files/{filename:path}", skill_file, methods=["GET"]),
-    Route("/v1/admin/audit", admin_audit, methods=["GET"]),
-    Route("/v1/admin/sessions/{id}/stop", admin_stop_session, methods=["POST"]),
-    Route("/v1/admin/sessions/{id}/limits", admin_get_limits, methods=["GET"]),
-    Route("/v1/admin/sessions/{id}/limits", admin_set_limits, methods=["PATCH"]),
-    Route("/v1/admin/sessions/{id}/bridge", admin_set_bridge, methods=["PUT"]),
-    Route("/v1/sessions/{id}/network/requests", request_network, methods=["POST"]),
-    Route("/v1/admin/sessions/{id}/network", admin_get_network, methods=["GET"]),
-    Route("/v1/admin/sessions/{id}/network", admin_set_network, methods=["PUT"]),
-    Route("/v1/admin/sessions/{id}/network/allow", admin_allow_network, methods=["POST"]),
-    Route("/v1/admin/sessions/{id}/network/deny", admin_deny_network, methods=["POST"]),
-    Route("/v1/admin/network/requests", admin_network_requests, methods=["GET"]),
-    Route("/v1/admin/network/requests/{rid}/approve", admin_approve_request, methods=["POST"]),
-    Route("/v1/admin/network/requests/{rid}/reject", admin_reject_request, methods=["POST"]),
-]
+ROUTES = api.routes()

@@ -1,0 +1,31 @@
+"""Every REST operation of the server, from the modules that declare them.
+
+coderunner's routes come before `/v1`'s: `/v1/sessions/session` is theirs, not the session
+named "session".
+"""
+
+from __future__ import annotations
+
+from starlette.routing import Route
+
+from corral.server import admin, compat, meta, rest
+from corral.server.operation import Handler, Operation
+
+OPERATIONS: tuple[Operation, ...] = (
+    *meta.api.operations,
+    *compat.api.operations,
+    *rest.api.operations,
+    *admin.api.operations,
+)
+
+
+def routes() -> list[Route]:
+    return [op.route() for op in OPERATIONS]
+
+
+def operation_of(handler: Handler) -> Operation:
+    """The operation `handler` serves: how a client names the call it makes."""
+    for op in OPERATIONS:
+        if op.handler is handler:
+            return op
+    raise LookupError(f"{handler!r} serves no operation")
