@@ -10,6 +10,8 @@ import pytest
 
 from corral.errors import Conflict, FileNotFoundInWorkspace, PathRefused, TooLarge
 from corral.files import MAX_LIST_DEPTH, Workspace
+from corral.server.operation import wire
+from corral.server.schemas import FileListing
 
 
 @pytest.fixture
@@ -147,9 +149,9 @@ def test_list_recursive_does_not_enter_past_max_depth(ws: Workspace, root: Path)
     assert listing.truncated
 
 
-def test_listing_to_dict_is_plain_data(ws: Workspace) -> None:
+def test_a_listing_on_the_wire_is_plain_data(ws: Workspace) -> None:
     ws.write("a.txt", b"abc")
-    data = ws.list().to_dict()
+    data = wire(FileListing, ws.list())
     assert data["truncated"] is False
     assert data["entries"][0]["path"] == "a.txt"
     assert data["entries"][0]["kind"] == "file"

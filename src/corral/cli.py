@@ -37,7 +37,8 @@ from corral.protect import validate_protected_names
 from corral.remote import Remote, connect, discover
 from corral.sandbox.limits import format_size
 from corral.server import admin, rest
-from corral.server.operation import Handler
+from corral.server.operation import Handler, wire
+from corral.server.schemas import ExecutionResultModel
 from corral.service import Service
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
@@ -124,7 +125,7 @@ def run(
             settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
             result = _call(_run_once(settings, source, language, timeout_s))
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps(wire(ExecutionResultModel, result), indent=2))
     else:
         _print_result(result)
     sys.exit(EXIT_FOR_STATUS[result.status])

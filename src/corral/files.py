@@ -40,7 +40,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
 
 from corral.errors import (
     Conflict,
@@ -87,14 +86,6 @@ class FileEntry:
     size_bytes: int
     modified_at: float  # seconds since the epoch
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "size_bytes": self.size_bytes,
-            "modified_at": self.modified_at,
-        }
-
 
 @dataclass(frozen=True)
 class Listing:
@@ -106,9 +97,6 @@ class Listing:
 
     entries: tuple[FileEntry, ...]
     truncated: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"entries": [e.to_dict() for e in self.entries], "truncated": self.truncated}
 
 
 class Workspace:

@@ -76,9 +76,6 @@ class NetRequest:
     created_at: float
     decided_at: float | None
 
-    def to_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
-
 
 BUSY_TIMEOUT_S = 10.0  # how long a write waits for another connection's lock
 

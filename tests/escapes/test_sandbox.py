@@ -10,6 +10,7 @@ import secrets
 import shutil
 import socket
 import stat
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -240,7 +241,7 @@ async def test_read_through_a_symlinked_parent_directory_with_the_file_api(host:
     with pytest.raises(PathRefused, match="is a symbolic link"):
         host.service.write_file(A, "secret-dir/host-secret.txt", b"overwritten")
     assert host.secret.read_text() == SECRET + "\n"
-    listing = host.service.list_files(A, ".", recursive=True).to_dict()
+    listing = asdict(host.service.list_files(A, ".", recursive=True))
     assert {e["kind"] for e in listing["entries"] if e["path"] == "secret-dir"} == {"link"}
 
 

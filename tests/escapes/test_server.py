@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,7 +203,7 @@ async def service_state(host: Host) -> dict[str, Any]:
     return {
         "sessions": sorted((info.id, info.state) for info in service.list_sessions()),
         "target": target_state(service),
-        "requests": [r.to_dict() for r in await service.network_requests()],
+        "requests": [asdict(r) for r in await service.network_requests()],
         "skills": sorted(s.name for s in (await service.list_skills()).skills),
         "audit": newest[0]["id"] if newest else None,
     }
@@ -213,7 +213,7 @@ def target_state(service: Service) -> dict[str, Any] | None:
     """TARGET's files, options, limits and network; None once it is gone."""
     try:
         return {
-            "files": service.list_files(TARGET, ".", recursive=True).to_dict(),
+            "files": asdict(service.list_files(TARGET, ".", recursive=True)),
             "kept": service.read_file(TARGET, KEPT),
             "options": service.sessions.sessions[TARGET].options,
             "limits": service.session_limits(TARGET).to_dict()["limits"],

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from corral.errors import CorralError, InvalidInput, NotFound, TooLarge
+from corral.server.operation import wire
+from corral.server.schemas import SkillInfo as SkillInfoModel
 from corral.skills import PUBLIC_DIR
 from corral.skills.catalog import SkillCatalog
 from corral.texts import skill_error_text, skill_file_text, skill_info_text, skills_text
@@ -208,7 +210,7 @@ def test_structured_info_and_file(catalog: SkillCatalog) -> None:
     assert info.entry.location == "/opt/corral/skills/public/alpha"
     assert info.entry.problem is None
     assert info.content.startswith("---\nname: alpha\n")
-    assert info.to_dict()["content"] == info.content
+    assert wire(SkillInfoModel, info)["content"] == info.content
     assert catalog.file("alpha", "scripts/run.py") == b"print('hi')\n"
 
 

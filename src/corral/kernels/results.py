@@ -6,7 +6,7 @@ A failure of the user's code is a result, never an exception: `status` says how 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Status = Literal["ok", "error", "timeout", "interrupted", "died"]
@@ -113,9 +113,6 @@ class ExecutionResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def text(self) -> str:
         """A plain-text rendering: output, the last text result, then the error."""

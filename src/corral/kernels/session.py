@@ -66,19 +66,6 @@ class SessionInfo:
     queued: int = 0  # executions waiting for the one running to end
     open: bool = False  # started and not stopped since (an idle stop keeps it open)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "state": self.state,
-            "created_at": self.created_at,
-            "last_used_at": self.last_used_at,
-            "kernels": list(self.kernels),
-            "mounts": list(self.mounts),
-            "from_pool": self.from_pool,
-            "queued": self.queued,
-            "open": self.open,
-        }
-
 
 class Session:
     """A session's mutable state. `lock` is its execution queue (FIFO); `run` is set while

@@ -24,8 +24,14 @@ from corral.errors import CorralError
 from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
 from corral.server.compat import session_view
+from corral.server.operation import wire
 from corral.server.progress import report_progress
-from corral.server.schemas import FileListing, PageModel, ToolExecutionModel
+from corral.server.schemas import (
+    ExecutionResultModel,
+    FileListing,
+    PageModel,
+    ToolExecutionModel,
+)
 from corral.server.tooldocs import (
     TOOLS,
     Base64Encoded,
@@ -165,7 +171,7 @@ class _Tools:
         listing: Listing = _sync_tool_call(
             lambda: self.service.list_files(session_id, path, recursive=recursive)
         )
-        return FileListing.model_validate(listing.to_dict())
+        return FileListing.model_validate(listing, from_attributes=True)
 
     async def read_file(self, path: FilePath, session_id: SessionId = None) -> str:
         data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
@@ -261,7 +267,11 @@ def execution_content(result: ExecutionResult) -> CallToolResult:
     ]
     text = texts.tool_text(result)
     blocks: list[ContentBlock] = [TextContent(type="text", text=text), *images]
-    fields = {**result.to_dict(), "result": text, "results": _images_named(result.results)}
+    fields = {
+        **wire(ExecutionResultModel, result),
+        "result": text,
+        "results": _images_named(result.results),
+    }
     structured = ToolExecutionModel.model_validate(fields).model_dump(mode="json")
     return CallToolResult(content=blocks, structured_content=structured)
 

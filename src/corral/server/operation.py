@@ -15,8 +15,11 @@ Starlette routes; `corral.server.openapi.document` builds the document from the 
 
 Unless an operation reads its own input (`parse=False`, coderunner's routes, which answer
 bad input in coderunner's shapes), the handler is called with the parsed `query` and `body`
-models: bad JSON or a bad query value is `InvalidInput` (400), a body that does not fit its
-model is pydantic's `ValidationError` (422), both mapped at the app's edge. Who may call an
+models. What it returns, unless a `Response`, is answered with the declared success status
+in the shape of the declared model (`wire`): a handler returns the service's typed objects
+and never writes a wire shape by hand. Bad JSON or a bad query value is `InvalidInput`
+(400), a body that does not fit its model is pydantic's `ValidationError` (422), both
+mapped at the app's edge. Who may call an
 operation follows from its path: `/v1/admin/` needs the admin token (`corral.server.auth`).
 """
 
@@ -30,7 +33,7 @@ from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral.errors import InvalidInput
@@ -38,7 +41,7 @@ from corral.server.auth import ADMIN_PREFIX
 from corral.server.schemas import ErrorResponse
 from corral.service import Service
 
-Handler = Callable[..., Awaitable[Response]]
+Handler = Callable[..., Awaitable[Any]]
 HandlerT = TypeVar("HandlerT", bound=Handler)
 ModelT = TypeVar("ModelT", bound=BaseModel)
 # A link from a success response to another operation: its name, the operation's id, and
@@ -116,7 +119,15 @@ class Operation:
             inputs["query"] = parse_query(request, self.query)
         if self.parse and self.body is not None:
             inputs["body"] = await parse_body(request, self.body)
-        return await self.handler(request, **inputs)
+        answer = await self.handler(request, **inputs)
+        return answer if isinstance(answer, Response) else self.respond(answer)
+
+    def respond(self, value: object) -> Response:
+        """`value` (a core object, or a dict of them) as the declared success model says."""
+        status, model = self.ok
+        if model is None:
+            raise TypeError(f"{self.method} {self.path} declares no model for {value!r:.80}")
+        return JSONResponse(wire(model, value), status_code=status)
 
     def route(self) -> Route:
         return Route(self.path, self.endpoint, methods=[self.method])
@@ -144,6 +155,15 @@ class Api:
 def service_of(request: Request) -> Service:
     service: Service = request.app.state.service
     return service
+
+
+def wire(model: type[BaseModel], value: object) -> dict[str, Any]:
+    """`value` in the shape `model` defines on the wire: read from its attributes (a core
+    dataclass) or keys, checked, and dumped as JSON values. A field the value does not have
+    is left out, not defaulted, so an optional part absent from the value stays absent."""
+    return model.model_validate(value, from_attributes=True).model_dump(
+        mode="json", exclude_unset=True
+    )
 
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:

@@ -16,10 +16,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from corral.errors import InvalidInput
 from corral.execution import Execution
+from corral.files import FileEntry, Listing
+from corral.kernels.session import SessionInfo
 from corral.server import queries as q
 from corral.server import schemas as s
 from corral.server.auth import role_of
-from corral.server.operation import Api, service_of
+from corral.server.operation import Api, service_of, wire
+from corral.skills.catalog import SkillInfo, SkillListing
+from corral.store import NetRequest
 
 STREAM_TYPES = {"text/event-stream": "sse", "application/x-ndjson": "ndjson"}
 MEDIA = {mode: media for media, mode in STREAM_TYPES.items()}
@@ -97,22 +101,20 @@ FETCH_ERRORS = (
     ok=(201, s.SessionModel),
     links=SESSION_LINKS,
 )
-async def create_session(request: Request, body: s.CreateSessionRequest) -> Response:
-    info = await service_of(request).create_session(
+async def create_session(request: Request, body: s.CreateSessionRequest) -> SessionInfo:
+    return await service_of(request).create_session(
         body.id, actor=role_of(request.scope).value, mounts=body.mounts
     )
-    return JSONResponse(info.to_dict(), status_code=201)
 
 
 @api("GET", "/v1/sessions", "List sessions", ok=(200, s.SessionList))
-async def list_sessions(request: Request) -> Response:
-    sessions = [info.to_dict() for info in service_of(request).list_sessions()]
-    return JSONResponse({"sessions": sessions})
+async def list_sessions(request: Request) -> dict[str, list[SessionInfo]]:
+    return {"sessions": service_of(request).list_sessions()}
 
 
 @api("GET", "/v1/sessions/{id}", "Get a session", ok=(200, s.SessionModel))
-async def get_session(request: Request) -> Response:
-    return JSONResponse(service_of(request).get_session(request.path_params["id"]).to_dict())
+async def get_session(request: Request) -> SessionInfo:
+    return service_of(request).get_session(request.path_params["id"])
 
 
 @api("DELETE", "/v1/sessions/{id}", "Stop a session and delete its files", ok=(204, None))
@@ -129,19 +131,17 @@ async def delete_session(request: Request) -> Response:
     "Stop a session's kernels (files stay)",
     ok=(200, s.SessionModel),
 )
-async def stop_session(request: Request) -> Response:
-    info = await service_of(request).stop_session(
+async def stop_session(request: Request) -> SessionInfo:
+    return await service_of(request).stop_session(
         request.path_params["id"], actor=role_of(request.scope).value
     )
-    return JSONResponse(info.to_dict())
 
 
 @api("POST", "/v1/sessions/{id}/restart", "Replace a session's kernels", ok=(200, s.SessionModel))
-async def restart_session(request: Request) -> Response:
-    info = await service_of(request).restart_session(
+async def restart_session(request: Request) -> SessionInfo:
+    return await service_of(request).restart_session(
         request.path_params["id"], actor=role_of(request.scope).value
     )
-    return JSONResponse(info.to_dict())
 
 
 # -- execution -----------------------------------------------------------------------------
@@ -192,7 +192,7 @@ async def _execute(request: Request, session_id: str | None, body: s.ExecuteRequ
         actor=role_of(request.scope).value,
     )
     if mode is None:
-        result = (await execution.result()).to_dict()
+        result = wire(s.ExecutionResultModel, await execution.result())
         return JSONResponse(result, headers={EXECUTION_HEADER: execution.id})
     return _streamed(execution, mode, after=0, announce=True)
 
@@ -221,7 +221,7 @@ async def _stream(
     except Exception as exc:  # reported in the stream: headers are already sent
         yield _event(mode, "failure", {"message": str(exc)})
         return
-    yield _event(mode, "result", result.to_dict())
+    yield _event(mode, "result", wire(s.ExecutionResultModel, result))
 
 
 def _event(mode: str, name: str, data: dict[str, Any], number: int | None = None) -> str:
@@ -241,9 +241,9 @@ def _event(mode: str, name: str, data: dict[str, Any], number: int | None = None
     query=q.ExecutionsQuery,
     ok=(200, s.ExecutionList),
 )
-async def list_executions(request: Request, query: q.ExecutionsQuery) -> Response:
+async def list_executions(request: Request, query: q.ExecutionsQuery) -> dict[str, Any]:
     kept = service_of(request).executions.listed(query.session_id)
-    return JSONResponse({"executions": [execution_view(e, with_result=False) for e in kept]})
+    return {"executions": [execution_view(e, with_result=False) for e in kept]}
 
 
 @api(
@@ -252,9 +252,9 @@ async def list_executions(request: Request, query: q.ExecutionsQuery) -> Respons
     "An execution's state and, once it ended, its result",
     ok=(200, s.ExecutionModel),
 )
-async def get_execution(request: Request) -> Response:
+async def get_execution(request: Request) -> dict[str, Any]:
     execution = service_of(request).executions.get(request.path_params["eid"])
-    return JSONResponse(execution_view(execution, with_result=True))
+    return execution_view(execution, with_result=True)
 
 
 @api(
@@ -326,8 +326,7 @@ def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]
         "failure": execution.failure(),
     }
     if with_result:
-        outcome = execution.outcome()
-        view["result"] = outcome.to_dict() if outcome is not None else None
+        view["result"] = execution.outcome()
     return view
 
 
@@ -342,11 +341,10 @@ def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]
     ok=(200, s.FileListing),
     description=PATH_TEXT,
 )
-async def list_files(request: Request, query: q.FilesQuery) -> Response:
-    listing = service_of(request).list_files(
+async def list_files(request: Request, query: q.FilesQuery) -> Listing:
+    return service_of(request).list_files(
         request.path_params["id"], query.path, recursive=query.recursive
     )
-    return JSONResponse(listing.to_dict())
 
 
 @api(
@@ -372,10 +370,9 @@ async def download_file(request: Request, query: q.FileQuery) -> Response:
     raw_body=True,
     body_required=False,
 )
-async def upload_file(request: Request, query: q.FileQuery) -> Response:
+async def upload_file(request: Request, query: q.FileQuery) -> FileEntry:
     data = await request.body()
-    entry = service_of(request).write_file(request.path_params["id"], query.path, data)
-    return JSONResponse(entry.to_dict(), status_code=201)
+    return service_of(request).write_file(request.path_params["id"], query.path, data)
 
 
 @api(
@@ -403,11 +400,11 @@ async def delete_file(request: Request, query: q.FileDeleteQuery) -> Response:
     query=q.AuditQuery,
     ok=(200, s.AuditPageModel),
 )
-async def admin_audit(request: Request, query: q.AuditQuery) -> Response:
+async def admin_audit(request: Request, query: q.AuditQuery) -> dict[str, Any]:
     page = await service_of(request).audit_page(
         kind=query.kind, session=query.session, before_id=query.before_id, limit=query.limit
     )
-    return JSONResponse(page.to_dict())
+    return page.to_dict()  # an entry's details are its own fields (AuditEntryModel)
 
 
 @api(
@@ -416,9 +413,8 @@ async def admin_audit(request: Request, query: q.AuditQuery) -> Response:
     "Stop any session (admin)",
     ok=(200, s.SessionModel),
 )
-async def admin_stop_session(request: Request) -> Response:
-    info = await service_of(request).admin_stop_session(request.path_params["id"])
-    return JSONResponse(info.to_dict())
+async def admin_stop_session(request: Request) -> SessionInfo:
+    return await service_of(request).admin_stop_session(request.path_params["id"])
 
 
 @api(
@@ -464,14 +460,13 @@ async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> Response:
     ok=(200, s.SkillList),
     links=SKILL_LINKS,
 )
-async def list_skills(request: Request) -> Response:
-    return JSONResponse((await service_of(request).list_skills()).to_dict())
+async def list_skills(request: Request) -> SkillListing:
+    return await service_of(request).list_skills()
 
 
 @api("GET", "/v1/skills/{name}", "A skill and its SKILL.md", ok=(200, s.SkillInfo))
-async def skill_info(request: Request) -> Response:
-    info = await service_of(request).skill_info(request.path_params["name"])
-    return JSONResponse(info.to_dict())
+async def skill_info(request: Request) -> SkillInfo:
+    return await service_of(request).skill_info(request.path_params["name"])
 
 
 @api(
@@ -512,12 +507,11 @@ async def browser_fetch(request: Request, body: s.FetchRequest) -> Response:
     body=s.NetworkAccessRequest,
     ok=(202, s.NetworkRequestModel),
 )
-async def request_network(request: Request, body: s.NetworkAccessRequest) -> Response:
+async def request_network(request: Request, body: s.NetworkAccessRequest) -> NetRequest:
     """The agent asks for access; the answer comes from the operator, later."""
-    made = await service_of(request).request_network_access(
+    return await service_of(request).request_network_access(
         request.path_params["id"], body.hosts, body.reason
     )
-    return JSONResponse(made.to_dict(), status_code=202)
 
 
 @api(
@@ -575,9 +569,10 @@ async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> R
     query=q.NetworkRequestsQuery,
     ok=(200, s.NetworkRequestList),
 )
-async def admin_network_requests(request: Request, query: q.NetworkRequestsQuery) -> Response:
-    found = await service_of(request).network_requests(query.status)
-    return JSONResponse({"requests": [made.to_dict() for made in found]})
+async def admin_network_requests(
+    request: Request, query: q.NetworkRequestsQuery
+) -> dict[str, list[NetRequest]]:
+    return {"requests": await service_of(request).network_requests(query.status)}
 
 
 @api(
@@ -586,7 +581,7 @@ async def admin_network_requests(request: Request, query: q.NetworkRequestsQuery
     "Approve a request (admin)",
     ok=(200, s.NetworkRequestModel),
 )
-async def admin_approve_request(request: Request) -> Response:
+async def admin_approve_request(request: Request) -> NetRequest:
     return await _decide_request(request, approve=True)
 
 
@@ -596,14 +591,13 @@ async def admin_approve_request(request: Request) -> Response:
     "Reject a request (admin)",
     ok=(200, s.NetworkRequestModel),
 )
-async def admin_reject_request(request: Request) -> Response:
+async def admin_reject_request(request: Request) -> NetRequest:
     return await _decide_request(request, approve=False)
 
 
-async def _decide_request(request: Request, *, approve: bool) -> Response:
+async def _decide_request(request: Request, *, approve: bool) -> NetRequest:
     request_id = _int_param(request.path_params["rid"], default=0)
-    decided = await service_of(request).decide_network_request(request_id, approve)
-    return JSONResponse(decided.to_dict())
+    return await service_of(request).decide_network_request(request_id, approve)
 
 
 def _int_param(raw: str | None, default: int) -> int:

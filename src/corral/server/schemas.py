@@ -414,6 +414,17 @@ class SkillList(BaseModel):
 class SkillInfo(SkillModel):
     content: str = Field(description="The SKILL.md text.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _entry_beside_content(cls, value: Any) -> Any:
+        """The catalog keeps a skill's listing entry apart from its text; the wire has one
+        object."""
+        entry = getattr(value, "entry", None)
+        if entry is None:
+            return value
+        listed = {name: getattr(entry, name) for name in SkillModel.model_fields}
+        return {**listed, "content": value.content}
+
 
 class LimitsValues(BaseModel):
     memory_bytes: int = Field(description="Memory of the whole session, tmpfs included.")

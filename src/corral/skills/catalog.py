@@ -63,15 +63,6 @@ class SkillEntry:
     location: str
     problem: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "source": self.source,
-            "location": self.location,
-            "problem": self.problem,
-        }
-
 
 @dataclass(frozen=True)
 class SetAside:
@@ -88,12 +79,6 @@ class SkillListing:
     skills: tuple[SkillEntry, ...]
     set_aside: tuple[SetAside, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "skills": [entry.to_dict() for entry in self.skills],
-            "set_aside": [{"name": item.name, "reason": item.reason} for item in self.set_aside],
-        }
-
 
 @dataclass(frozen=True)
 class SkillInfo:
@@ -101,9 +86,6 @@ class SkillInfo:
 
     entry: SkillEntry
     content: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.entry.to_dict(), "content": self.content}
 
 
 @dataclass(frozen=True)
