@@ -1,7 +1,7 @@
 """The execution handle's own rules, with a stand-in for the call it runs (the real one needs
 a kernel; tests/server/test_execution_handle.py runs it through every front-end).
 
-The stand-in gets the output hook exactly as `Service` passes it, and the canceller is
+The stand-in gets the handle and its output hook exactly as `Service` does, and the canceller is
 called with the handle's task, as `SessionManager.cancel` is.
 """
 
@@ -33,8 +33,8 @@ class StandIn:
         self.hook: OutputHook | None = None
         self.cancelled_with: list[asyncio.Future[ExecutionResult]] = []
 
-    async def run(self, on_output: OutputHook | None) -> ExecutionResult:
-        self.hook = on_output
+    async def run(self, execution: Execution) -> ExecutionResult:
+        on_output = self.hook = execution.note
         for kind, content in self.messages:
             if on_output is not None:
                 await on_output(kind, content)

@@ -32,12 +32,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult, strip_ansi
 
 EventKind = Literal["stdout", "stderr", "display", "error"]
 State = Literal["queued", "running", "done"]
-Run = Callable[[OutputHook | None], Coroutine[Any, Any, ExecutionResult]]
+Run = Callable[["Execution"], Coroutine[Any, Any, ExecutionResult]]
 Canceller = Callable[[asyncio.Future[ExecutionResult]], Awaitable[None]]
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
 
@@ -147,7 +146,8 @@ class EventLog:
 class Execution:
     """The handle of one execution; made by `Service.start_execution`, inside the loop.
 
-    `run` is the whole call (queue, kernel, audit) given the output hook; `canceller`
+    `run` is the whole call (queue, kernel, audit), given this handle (its output hook is
+    `note`; it sets `running` and `audit_key` once the code is sent); `canceller`
     interrupts or drops it; `on_end` is told when it has ended, however. Its events are
     kept in `log`, up to `keep_bytes`, for every reader of `events()`.
     """
@@ -166,11 +166,12 @@ class Execution:
         self.created_at = time.time()
         self.ended_at: float | None = None
         self.running = False  # set when its code is sent to the kernel
+        self.audit_key: str | None = None  # its audit entry's, once the code is sent
         self.log = EventLog(keep_bytes)
         self._recent = 0  # the last event `recent_text` passed
         self._canceller = canceller
         self._on_end = on_end
-        self._task = asyncio.create_task(run(self._note))
+        self._task = asyncio.create_task(run(self))
         self._task.add_done_callback(self._ended)
 
     @property
@@ -244,7 +245,8 @@ class Execution:
         whose kernels are already stopped)."""
         self._task.cancel()
 
-    async def _note(self, msg_type: str, content: Any) -> None:
+    async def note(self, msg_type: str, content: Any) -> None:
+        """The output hook: one message of the kernel's, kept as an event if it is one."""
         if (event := event_of(msg_type, content)) is not None:
             self.log.add(event)
 

@@ -12,7 +12,7 @@ import functools
 import logging
 import tempfile
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
@@ -39,13 +39,13 @@ from corral.errors import CorralError, SessionNotFound, StateUnavailable, Storag
 from corral.execution import Execution
 from corral.executions import ExecutionRegistry
 from corral.files import FileEntry, Listing, Workspace
-from corral.kernels.execute import OutputHook
 from corral.kernels.results import ExecutionResult, NetRefusal
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
     Session,
     SessionInfo,
     SessionManager,
+    check_timeout,
     validate_language,
     validate_session_id,
 )
@@ -59,6 +59,16 @@ from corral.store import NetRequest
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one execution asked for, checked: its code, language, timeout and caller."""
+
+    code: str
+    language: str
+    timeout_s: float | None
+    actor: str
 
 
 class Service:
@@ -134,70 +144,68 @@ class Service:
     ) -> Execution:
         """Start running code in a session (the default one when `session_id` is None).
 
-        The request is checked first, before any kernel starts: the language, the session
-        (a named one must exist; a stopped one is started again, or refused with
-        `SessionClosed` when `resume` is False, as coderunner's routes and the MCP tools
-        ask) and the timeout against that session's own limits; a failed check raises here
-        (`InvalidInput`, `SessionNotFound`, `SessionClosed`). The call then queues behind the
-        session's earlier ones; its result is audited when it ends. See `corral.execution`
-        for events, cancel and a caller that goes away.
+        The request is checked first, each thing once, before any kernel starts: the
+        language, the timeout, and the session (a named one must exist; a stopped one is
+        started again, or refused with `SessionClosed` when `resume` is False, as
+        coderunner's routes and the MCP tools ask; the default one is made on first use).
+        A failed check raises here (`InvalidInput`, `SessionNotFound`, `SessionClosed`).
+        The call then queues behind the session's earlier ones; its result is audited when
+        it ends. See `corral.execution` for events, cancel and a caller that goes away.
         """
-        self._check_execution(session_id, language, timeout_s, resume)
-
-        async def run(on_output: OutputHook | None) -> ExecutionResult:
-            begun: list[str] = []
-
-            def journal_before_sending(result: ExecutionResult) -> None:
-                # Raises StateUnavailable when the journal cannot be written: the code is
-                # then not sent, since nothing would say it ran.
-                begun.append(
-                    self._audit_writer.submit(
-                        ExecutionBegun(
-                            session=result.session_id,
-                            language=result.language,
-                            code=code,
-                            actor=actor,
-                            at=result.started_at,
-                        )
-                    )
-                )
-                execution.running = True  # journaled: the code is sent now
-                execution.session_id = result.session_id
-                self.session_events.publish(
-                    result.session_id, "busy", execution=execution.id, language=language
-                )
-
-            result = await self.sessions.execute(
-                session_id,
-                code,
-                language=language,
-                timeout_s=timeout_s,
-                on_output=on_output,
-                before_send=journal_before_sending,
-                resume=resume,
-            )
-            for key in begun:
-                self._audit(
-                    ExecutionEnded(
-                        begun=key,
-                        status=result.status,
-                        duration_s=result.duration_s,
-                        output_bytes=result.output_bytes,
-                    )
-                )
-            if begun:
-                self._publish_end(execution.id, result)
-            return result
-
+        call = Call(code, validate_language(language), check_timeout(timeout_s), actor)
+        session = self.sessions.session_for(session_id, resume=resume)
         execution = Execution(
-            run,
+            functools.partial(self._run, session, call),
             self.sessions.cancel,
-            session_id=session_id or DEFAULT_SESSION,
+            session_id=session.id,
             keep_bytes=self.settings.max_output_bytes,
             on_end=self.executions.ended,
         )
         self.executions.add(execution)
         return execution
+
+    async def _run(self, session: Session, call: Call, execution: Execution) -> ExecutionResult:
+        """The execution's whole call: its turn in the session's queue, the kernel, the
+        audit entry written before the code is sent and completed once it ended."""
+        result = await self.sessions.execute(
+            session,
+            call.code,
+            language=call.language,
+            timeout_s=call.timeout_s,
+            on_output=execution.note,
+            before_send=functools.partial(self._journal_before_sending, execution, call),
+        )
+        if execution.audit_key is not None:
+            self._audit(
+                ExecutionEnded(
+                    begun=execution.audit_key,
+                    status=result.status,
+                    duration_s=result.duration_s,
+                    output_bytes=result.output_bytes,
+                )
+            )
+            self._publish_end(execution.id, result)
+        return result
+
+    def _journal_before_sending(
+        self, execution: Execution, call: Call, result: ExecutionResult
+    ) -> None:
+        """The code is about to be sent: its audit entry first. Raises `StateUnavailable`
+        when the journal cannot be written: the code is then not sent, since nothing would
+        say it ran."""
+        execution.audit_key = self._audit_writer.submit(
+            ExecutionBegun(
+                session=result.session_id,
+                language=call.language,
+                code=call.code,
+                actor=call.actor,
+                at=result.started_at,
+            )
+        )
+        execution.running = True  # journaled: the code is sent now
+        self.session_events.publish(
+            result.session_id, "busy", execution=execution.id, language=call.language
+        )
 
     def _publish_end(self, execution_id: str, result: ExecutionResult) -> None:
         """What a watcher of the session learns when code ends: idle, and what struck."""
@@ -236,25 +244,6 @@ class Service:
         end the session event streams (so that no connection holds the shutdown up)."""
         self.sessions.begin_shutdown()
         self.session_events.close()
-
-    def _check_execution(
-        self, session_id: str | None, language: str, timeout_s: float | None, resume: bool
-    ) -> None:
-        """Raise now what running the code would refuse, before anything starts."""
-        validate_language(language)
-        self.sessions.limits_for(timeout_s, self._execution_session(session_id, resume))
-
-    def _execution_session(self, session_id: str | None, resume: bool) -> Session | None:
-        """The session a call would run in; None for the default one not made yet (it
-        starts with the default limits), without making it."""
-        if session_id is None:
-            try:
-                self.sessions.get(DEFAULT_SESSION)
-            except SessionNotFound:
-                return None
-            session_id = DEFAULT_SESSION
-            resume = True  # the default session is always there to be used
-        return self.sessions.session_for(session_id, resume=resume)
 
     async def _wait_for_executions(self) -> None:
         """At close, after the kernels stopped: every call still held ends promptly (as

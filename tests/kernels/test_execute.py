@@ -229,9 +229,8 @@ async def test_a_died_result_keeps_what_was_printed_before_the_kernel_died(
             assert asyncio.get_running_loop().time() < deadline, "the kernel did not die"
             await asyncio.sleep(0.05)
 
-    result = await service.sessions.execute(
-        "last-words", code, language="python", on_output=slow_reader
-    )
+    session = service.sessions.session_for("last-words")
+    result = await service.sessions.execute(session, code, on_output=slow_reader)
     assert held
     assert result.status == "died"
     assert result.stdout == "first\nsecond\n"

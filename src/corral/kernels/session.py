@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import secrets
 from collections.abc import AsyncIterator
@@ -45,6 +46,14 @@ def validate_language(value: object) -> str:
     if value not in LANGUAGES:
         raise InvalidInput(f"unknown language {value!r}: choose one of {', '.join(LANGUAGES)}")
     return str(value)
+
+
+def check_timeout(timeout_s: float | None) -> float | None:
+    """An execution's timeout as asked: None (the session's cap) or a positive number of
+    seconds (a larger one than the cap is cut to it when the code runs)."""
+    if timeout_s is not None and not 0 < timeout_s < math.inf:
+        raise InvalidInput("timeout must be a positive number of seconds")
+    return timeout_s
 
 
 def new_session_id() -> str:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ from corral.kernels.results import ExecutionResult, NetRefusal
 from corral.kernels.session import DEFAULT_SESSION as DEFAULT_SESSION
 from corral.kernels.session import Session as Session
 from corral.kernels.session import SessionInfo as SessionInfo
+from corral.kernels.session import check_timeout as check_timeout
 from corral.kernels.session import new_session_id
 from corral.kernels.session import validate_language as validate_language
 from corral.kernels.session import validate_session_id as validate_session_id
@@ -219,24 +219,20 @@ class SessionManager:
 
     async def execute(
         self,
-        session_id: str | None,
+        session: Session,
         code: str,
         *,
         language: str = "python",
         timeout_s: float | None = None,
         on_output: OutputHook | None = None,
         before_send: BeforeSend | None = None,
-        resume: bool = True,
     ) -> ExecutionResult:
-        """Run `code` in the session (the default session when None), after earlier calls.
+        """Run `code` in `session` (from `session_for`), after its earlier calls; the
+        language and the timeout were checked by the caller (`Service.start_execution`).
 
-        Creates the default session on first use; a named session must exist, and a stopped
-        one is started again, or refused (`SessionClosed`) when `resume` is False (what
-        coderunner's routes do). `before_send` is called once, just before the code goes to
-        the kernel; what it raises stops the call there, with nothing sent.
+        `before_send` is called once, just before the code goes to the kernel; what it
+        raises stops the call there, with nothing sent.
         """
-        language = validate_language(language)
-        session = self.session_for(session_id, resume=resume)
         queued = time.monotonic()
         async with session.turn():
             if self.closing:
@@ -263,7 +259,7 @@ class SessionManager:
     ) -> ExecutionResult:
         result = ExecutionResult(language=language, session_id=session.record.id)
         result.queued_s = time.monotonic() - queued
-        restarted = await self._ensure_kernel(session, language)
+        restarted = await self._kernel_for_call(session, language)
         session.open = True
         limits = self.limits_for(timeout_s, session)
         session.disk.begin()
@@ -327,10 +323,8 @@ class SessionManager:
         self, timeout_s: float | None, session: Session | None = None
     ) -> ExecutionLimits:
         """The limits of one execution: a timeout past the session's cap is cut to the cap
-        (the result says so if it strikes); raises `InvalidInput` for one that is not positive."""
+        (the result says so if it strikes); the timeout was checked (`check_timeout`)."""
         limits = session.limits if session is not None else self.settings.limits
-        if timeout_s is not None and not 0 < timeout_s < math.inf:
-            raise InvalidInput("timeout must be a positive number of seconds")
         cap = limits.exec_timeout_s
         return ExecutionLimits(
             timeout_s=min(timeout_s or cap, cap),
@@ -365,6 +359,17 @@ class SessionManager:
         lost = kernel is not None or language in session.lost
         if kernel is not None:
             await self.factory.drop_kernel(session, language)
+        await self._start_kernel(session, language)
+        session.lost.discard(language)
+        return lost
+
+    async def _kernel_for_call(self, session: Session, language: str) -> bool:
+        """A kernel for a call, started when there is none; True when that replaces one the
+        session lost. A kernel that died is found by `run_code`, which asks once, just
+        before the code would be sent (`KernelUnreachable`)."""
+        if language in session.kernels:
+            return False
+        lost = language in session.lost
         await self._start_kernel(session, language)
         session.lost.discard(language)
         return lost
