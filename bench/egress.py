@@ -102,7 +102,7 @@ async def served_session(workdir: Path, run_root: Path, port: int) -> AsyncItera
     try:
         async with Service(settings) as service:
             await service.create_session(SESSION_ID)
-            await service.set_network(SESSION_ID, "allowlist", [f"{ORIGIN_HOST}:{port}"])
+            await service.network.set(SESSION_ID, "allowlist", [f"{ORIGIN_HOST}:{port}"])
             yield service
     finally:
         shutil.rmtree(settings.state_dir, ignore_errors=True)
@@ -181,7 +181,7 @@ async def measure_egress(workdir: Path, plan: Plan) -> dict[str, Paired]:
             bare_proxy(run_root, port) as proxy,
             served_session(workdir, run_root, port) as service,
         ):
-            served = f"unix:{await service.network.socket_for(SESSION_ID)}"
+            served = f"unix:{await service.egress.socket_for(SESSION_ID)}"
             sandbox_routes: dict[str, str | None] = {"sandbox": FORWARDER}
             download: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": []}
             for index in range(plan.egress_download_warmup + plan.egress_downloads):

@@ -378,7 +378,7 @@ async def test_the_service_writes_records_in_order_and_reads_them_all(settings: 
         await service.create_session("ordered")
         for n in range(12):
             await service.execute(f"{n}", session_id="ordered")
-        page = (await service.audit_page(kind="execution", session="ordered", limit=50)).to_dict()
+        page = (await service.audit.page(kind="execution", session="ordered", limit=50)).to_dict()
         codes = [entry["code"] for entry in reversed(page["entries"])]
         assert codes == [str(n) for n in range(12)]
 
@@ -397,7 +397,7 @@ async def test_a_locked_audit_database_never_holds_up_an_execution(settings: Set
             holder.execute("COMMIT")
             holder.close()
         assert result.stdout == "ran\n"
-        entries = (await service.audit_page(kind="execution", session="unheld")).to_dict()[
+        entries = (await service.audit.page(kind="execution", session="unheld")).to_dict()[
             "entries"
         ]
         assert [entry["code"] for entry in entries] == ["print('ran')"]

@@ -160,7 +160,7 @@ async def _fetch_once(
     settings: Settings, url: str, screenshot: bool, timeout_s: float | None
 ) -> PageResult:
     async with Service(settings) as service:
-        return await service.fetch_page(url, screenshot=screenshot, timeout_s=timeout_s)
+        return await service.browser.fetch(url, screenshot=screenshot, timeout_s=timeout_s)
 
 
 async def _run_once(

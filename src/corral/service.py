@@ -1,8 +1,11 @@
 """The one API of corral: REST, MCP and the CLI are thin callers of `Service`.
 
-It owns the session manager, the audit log and the workspace file API, and turns their
-lifecycle into an async context manager. Errors it raises are `corral.errors` classes; the
-edges map them to their own forms.
+`Service` is the composition root: its constructor builds every part once, each given what
+it needs (nothing is assigned into a part afterwards), and its async context opens and
+closes them in order. It owns sessions and execution itself; the other areas are its
+attributes, each a class of one concept (`corral.areas`): `files`, `network`, `skills`,
+`controls`, `audit`, and `browser` (`corral.browser.fetch.Browser`). Errors are
+`corral.errors` classes; the edges map them to their own forms.
 """
 
 from __future__ import annotations
@@ -10,35 +13,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import tempfile
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import attrgetter
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from corral.audit import AuditLog, AuditPage
+from corral.areas.controls import ControlService
+from corral.areas.files import FileService
+from corral.areas.network import NetworkService
+from corral.areas.skills import SkillService
+from corral.areas.trail import AuditTrail
+from corral.audit import AuditLog
 from corral.audit_entries import (
-    AdminAction,
-    AuditEntry,
     Event,
     ExecutionBegun,
     ExecutionEnded,
     SessionChanged,
 )
 from corral.audit_writer import AuditWriter
-from corral.browser.fetch import Browser, PageResult
+from corral.browser.fetch import Browser
 from corral.config import Settings
-from corral.controls import BridgeReport, LimitsReport, change_limits, limits_report, switch_bridge
-from corral.egress.network import Network, NetworkStatus, PolicyChange
+from corral.egress.network import Network
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
-from corral.egress.rules import Decision, Policy
-from corral.errors import CorralError, SessionNotFound, StateUnavailable, StorageFull
+from corral.egress.rules import Decision
+from corral.errors import SessionNotFound
 from corral.execution import Execution
 from corral.executions import ExecutionRegistry
-from corral.files import FileEntry, Listing, Workspace
 from corral.kernels.results import ExecutionResult, NetRefusal
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
@@ -50,12 +52,10 @@ from corral.kernels.sessions import (
     validate_session_id,
 )
 from corral.owner import StateLock
-from corral.sandbox.limits import format_size
 from corral.session_events import SessionEvent, SessionEvents
 from corral.skills import PUBLIC_DIR, user_dir
-from corral.skills.archive import unpack_skill_zip
-from corral.skills.catalog import SkillCatalog, SkillFile, SkillInfo, SkillListing
-from corral.store import NetRequest
+from corral.skills.catalog import SkillCatalog
+from corral.store import Store
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
@@ -78,25 +78,36 @@ class Service:
         self.settings = settings
         # Never two services on one state: opening resets what the owner holds there.
         self.owner = StateLock(settings.state_dir)
-        self.sessions = SessionManager(settings)
-        self.audit = AuditLog(settings.db_path)
+        store = Store(settings.db_path)
         # Every entry is journaled before the call that makes it returns, then written by one
         # thread in order: a slow or locked database never holds up the event loop, and a
         # crash of the server loses no entry (`corral.audit_writer`).
-        self._audit_writer = AuditWriter(self.audit, settings.audit_journal_path)
-        self.network = Network(
+        self._audit_log = AuditLog(settings.db_path)
+        self._audit_writer = AuditWriter(self._audit_log, settings.audit_journal_path)
+        self.audit = AuditTrail(self._audit_log, self._audit_writer)
+        self.egress = Network(
             settings,
-            self.sessions.store,
-            self._audit_decision,
+            store,
+            self._on_decision,
             **({"resolver": resolver} if resolver else {}),
         )
-        self.sessions.factory.egress = self.network
-        self.sessions.factory.on_event = self._audit_event
-        self.browser = Browser(settings, self.sessions.factory, self.network)
-        self.skills = SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir))
+        self.sessions = SessionManager(
+            settings, store=store, egress=self.egress, on_event=self._on_kernel_event
+        )
+        self.browser = Browser(settings, self.sessions.factory, self.egress)
         self.session_events = SessionEvents()
         self.executions = ExecutionRegistry(
             settings.execution_keep_s, settings.execution_keep_count
+        )
+        self.files = FileService(self.sessions, settings.max_upload_bytes)
+        self.network = NetworkService(self.egress, self.sessions, self.audit)
+        self.skills = SkillService(
+            SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir)),
+            user_dir(settings.config_dir),
+            self.audit,
+        )
+        self.controls = ControlService(
+            self.sessions, self.sessions.factory.mechanism.name, self.audit
         )
 
     async def __aenter__(self) -> Service:
@@ -109,7 +120,7 @@ class Service:
                     "are marked interrupted in the audit log",
                     recovery.interrupted,
                 )
-            self.network.open()
+            self.egress.open()
             await self.sessions.open()
         except BaseException:
             self.owner.release()
@@ -125,9 +136,9 @@ class Service:
         self.sessions.begin_shutdown()  # queued calls are refused, not run on a closed service
         await self.sessions.close()
         await self._wait_for_executions()
-        await self.network.close()
+        await self.egress.close()
         await asyncio.to_thread(self._audit_writer.close)
-        self.audit.close()
+        self._audit_log.close()
         self.owner.release()
 
     # -- execution -----------------------------------------------------------------------
@@ -176,7 +187,7 @@ class Service:
             before_send=functools.partial(self._journal_before_sending, execution, call),
         )
         if execution.audit_key is not None:
-            self._audit(
+            self.audit.record(
                 ExecutionEnded(
                     begun=execution.audit_key,
                     status=result.status,
@@ -193,7 +204,7 @@ class Service:
         """The code is about to be sent: its audit entry first. Raises `StateUnavailable`
         when the journal cannot be written: the code is then not sent, since nothing would
         say it ran."""
-        execution.audit_key = self._audit_writer.submit(
+        execution.audit_key = self.audit.begin(
             ExecutionBegun(
                 session=result.session_id,
                 language=call.language,
@@ -256,14 +267,6 @@ class Service:
                 execution.abandon()
                 await execution.wait()
 
-    def _audit(self, entry: AuditEntry) -> None:
-        """Journal and queue one audit entry; a refusal is logged and never lets the
-        caller's action fail."""
-        try:
-            self._audit_writer.submit(entry)
-        except StateUnavailable as exc:
-            log.error("an audit entry (%s) was lost: %s", entry.TAG, exc)
-
     # -- sessions --------------------------------------------------------------------------
 
     async def create_session(
@@ -307,7 +310,7 @@ class Service:
     async def admin_stop_session(self, session_id: str) -> SessionInfo:
         """The operator stops any session: a session event and an admin action."""
         info = await self.stop_session(session_id, actor="admin")
-        self._audit_admin("stop_session", session_id, {})
+        self.audit.admin("stop_session", session_id, {})
         return info
 
     async def restart_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
@@ -320,7 +323,7 @@ class Service:
         self._audit_session(session_id, "deleted", actor)
 
     def _audit_session(self, session_id: str, event: str, actor: str) -> None:
-        self._audit(SessionChanged(session=session_id, event=event, actor=actor))
+        self.audit.record(SessionChanged(session=session_id, event=event, actor=actor))
         self.session_events.publish(session_id, event, actor=actor)
 
     def follow_session(
@@ -329,181 +332,31 @@ class Service:
         """The session's status events after number `after` (`corral.session_events`);
         raises `SessionNotFound` now for a session that does not exist. The default session
         can be followed before its first use, but not once deleted, like any other."""
-        self._known(session_id)
+        if session_id != DEFAULT_SESSION:
+            self.sessions.get(session_id)  # SessionNotFound now, not in the stream
         if self.session_events.deleted(session_id):
             raise SessionNotFound(session_id)
         return self.session_events.follow(session_id, after, idle_s)
 
-    # -- files -----------------------------------------------------------------------------
-
-    def workspace(self, session_id: str | None) -> Workspace:
-        """The file API of a session's workspace (the default session's when None)."""
-        info = self.sessions.session_for(session_id).info()
-        return Workspace(info.workspace, max_file_bytes=self.settings.max_upload_bytes)
-
-    def list_files(
-        self, session_id: str | None, path: str = ".", *, recursive: bool = False
-    ) -> Listing:
-        return self.workspace(session_id).list(path, recursive=recursive)
-
-    def read_file(self, session_id: str | None, path: str) -> bytes:
-        return self.workspace(session_id).read(path)
-
-    def write_file(self, session_id: str | None, path: str, data: bytes) -> FileEntry:
-        """Write a workspace file; refused (`StorageFull`) when it would take the session
-        past its workspace limit."""
-        session = self.sessions.session_for(session_id)
-        workspace = self.workspace(session_id)
-        replaced = _size_of_file(workspace, path)  # an overwrite frees what it replaces
-        room_bytes, room_files = session.disk.room()
-        if len(data) - replaced > room_bytes or (replaced == 0 and room_files < 1):
-            limits = session.limits
-            raise StorageFull(
-                f"{path!r} ({format_size(len(data))}) does not fit: the workspace holds at most "
-                f"{format_size(limits.workspace_bytes)} and {limits.workspace_files} files, "
-                f"and {format_size(max(0, room_bytes))} are left; delete files to make room"
-            )
-        entry = workspace.write(path, data)
-        session.disk.added(len(data) - replaced)
-        return entry
-
-    def delete_file(self, session_id: str | None, path: str, *, recursive: bool = False) -> None:
-        self.workspace(session_id).delete(path, recursive=recursive)
-        self.sessions.session_for(session_id).disk.look_soon()
-
-    async def set_bridge(self, session_id: str, enabled: bool) -> BridgeReport:
-        """Enable or disable a session's SSH agent bridge (admin). It takes effect when the
-        session's kernels next start; the report says whether a restart is needed."""
-        session = self.sessions.session_for(session_id)
-        report = switch_bridge(session, enabled)
-        await self.sessions.save_options(session)
-        self._audit_admin("set_bridge", session_id, {"ssh_agent": enabled})
-        return report
-
-    def _audit_event(self, kind: str, session_id: str, action: str, detail: dict[str, Any]) -> None:
+    def _on_kernel_event(
+        self, kind: str, session_id: str, action: str, detail: dict[str, Any]
+    ) -> None:
+        """What the kernel factory reports (the bridge used, protected files changed):
+        published to the session's watchers and audited."""
         self.session_events.publish(session_id, kind, action=action, detail=detail)
         actor = "agent" if kind == "bridge" else "system"
-        self._audit(Event(kind=kind, actor=actor, action=action, session=session_id, detail=detail))
-
-    # -- skills ------------------------------------------------------------------------------
-
-    async def list_skills(self) -> SkillListing:
-        """Every skill (user archives unpacked first) and the archives set aside."""
-        return await asyncio.to_thread(self.skills.listing)
-
-    async def skill_info(self, name: str) -> SkillInfo:
-        return await asyncio.to_thread(self.skills.info, name)
-
-    async def skill_file(self, name: str, filename: str) -> bytes:
-        return await asyncio.to_thread(self.skills.file, name, filename)
-
-    async def skill_text_file(self, name: str, filename: str) -> SkillFile:
-        """A skill's file as UTF-8 text (`InvalidInput` when it is not), for the agent."""
-        return await asyncio.to_thread(self.skills.text_file, name, filename)
-
-    async def add_skill(self, archive_name: str, data: bytes) -> Path:
-        """Unpack a skill archive (the operator's) into the user's skills, with every check
-        of `unpack_skill_zip`; returns the skill's folder. Raises `ArchiveRefused`."""
-        folder = user_dir(self.settings.config_dir)
-        added = await asyncio.to_thread(_unpack_skill, data, archive_name, folder)
-        self._audit(
-            AdminAction(action="add_skill", target=added.name, detail={"archive": archive_name})
-        )
-        return added
-
-    # -- browser -----------------------------------------------------------------------------
-
-    async def fetch_page(
-        self, url: str, *, screenshot: bool = False, timeout_s: float | None = None
-    ) -> PageResult:
-        """Load a web page in a sandboxed browser under the browsing policy."""
-        return await self.browser.fetch(url, screenshot=screenshot, timeout_s=timeout_s)
-
-    # -- limits ------------------------------------------------------------------------------
-
-    def session_limits(self, session_id: str) -> LimitsReport:
-        """A session's limits, the mechanism enforcing them, and its usage (admin)."""
-        session = self.sessions.session_for(session_id)
-        return limits_report(session, self.sessions.factory.mechanism.name)
-
-    async def set_session_limits(self, session_id: str, changes: dict[str, Any]) -> LimitsReport:
-        """Change a session's limits (admin); running sandboxes change at once where they
-        can, the rest (the tmpfs size) from their next start. Raises `InvalidInput` for an
-        unknown or bad value, `LimitRefused` when the kernel refuses."""
-        session = self.sessions.session_for(session_id)
-        live = change_limits(session, changes)
-        await self.sessions.save_options(session)
-        self._audit_admin("set_limits", session_id, {"changes": changes})
-        report = limits_report(session, self.sessions.factory.mechanism.name)
-        return replace(
-            report,
-            changed_now=tuple(sorted(live)),
-            changed_at_next_start=tuple(sorted(set(changes) - live)),
+        self.audit.record(
+            Event(kind=kind, actor=actor, action=action, session=session_id, detail=detail)
         )
 
-    # -- network -----------------------------------------------------------------------------
-
-    def network_policy(self, session_id: str) -> NetworkStatus:
-        """The session's policy and its proxy counters."""
-        self._known(session_id)
-        return NetworkStatus(self.network.policy(session_id), self.network.proxy.stats(session_id))
-
-    async def set_network(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
-        self._known(session_id)
-        changed = await self.network.set(session_id, mode, allow)
-        return self._changed(session_id, "set_network", *changed)
-
-    async def allow_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
-        self._known(session_id)
-        changed = await self.network.allow(session_id, hosts)
-        return self._changed(session_id, "allow_network", *changed)
-
-    async def deny_network(self, session_id: str, hosts: list[str]) -> PolicyChange:
-        self._known(session_id)
-        changed = await self.network.deny(session_id, hosts)
-        return self._changed(session_id, "deny_network", *changed)
-
-    async def request_network_access(
-        self, session_id: str | None, hosts: list[str], reason: str
-    ) -> NetRequest:
-        """An agent asks; the request waits for the operator and grants nothing by itself."""
-        session = self.sessions.session_for(session_id).record.id
-        return await self.network.request(session, hosts, reason)
-
-    async def network_requests(self, status: str | None = None) -> list[NetRequest]:
-        return await self.network.requests(status)
-
-    async def decide_network_request(self, request_id: int, approve: bool) -> NetRequest:
-        if approve:
-            self._known((await self.network.get_request(request_id)).session)
-        request = await self.network.decide(request_id, approve)
-        self._audit_admin(
-            "approve_network" if approve else "reject_network",
-            request.session,
-            {"request": request_id, "hosts": request.hosts},
-        )
-        return request
-
-    def _known(self, session_id: str) -> None:
-        if session_id != DEFAULT_SESSION:
-            self.sessions.get(session_id)
-
-    def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> PolicyChange:
-        change = PolicyChange(policy, cut)
-        self._audit_admin(action, session_id, change.to_dict())
-        return change
-
-    def _audit_admin(self, action: str, session_id: str, detail: dict[str, Any]) -> None:
-        self._audit(
-            AdminAction(action=action, target=session_id, session=session_id, detail=detail)
-        )
-
-    def _audit_decision(self, session_id: str, target: Target, decision: Decision) -> None:
+    def _on_decision(self, session_id: str, target: Target, decision: Decision) -> None:
+        """The proxy decided a connection: the browser and the running call are told of a
+        refusal, and every decision is audited."""
         self.browser.note_decision(session_id, target, decision)
         if not decision.allowed:
             where = f"{target.host}:{target.port}"
             self.sessions.note_refusal(session_id, NetRefusal(where, target.host, decision.rule))
-        self._audit(
+        self.audit.record(
             Event(
                 kind="network",
                 actor="agent",
@@ -519,40 +372,3 @@ class Service:
                 },
             )
         )
-
-    # -- audit -----------------------------------------------------------------------------
-
-    async def audit_page(
-        self,
-        *,
-        kind: str | None = None,
-        session: str | None = None,
-        before_id: int | None = None,
-        limit: int = 100,
-    ) -> AuditPage:
-        """One page of the audit log, newest first, after the entries queued so far (read in
-        a thread: a locked database never holds up the event loop)."""
-
-        def read() -> AuditPage:
-            self._audit_writer.written()
-            return self.audit.query(kind=kind, session=session, before_id=before_id, limit=limit)
-
-        return await asyncio.to_thread(read)
-
-
-def _unpack_skill(data: bytes, archive_name: str, folder: Path) -> Path:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="corral-skill-") as tmp:
-        archive = Path(tmp) / archive_name
-        archive.write_bytes(data)
-        return unpack_skill_zip(archive, folder)
-
-
-def _size_of_file(workspace: Workspace, path: str) -> int:
-    """The size of the regular file at `path`, or 0 (none there, or not a file: the write
-    itself refuses what it must)."""
-    try:
-        entry = workspace.stat(path)
-    except CorralError:
-        return 0
-    return entry.size_bytes if entry.kind == "file" else 0

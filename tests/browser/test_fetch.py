@@ -309,7 +309,7 @@ def assert_browser_gone(service: Service, before: set[int]) -> None:
     """No browser process, proxy socket, refusal record or work folder outlives a fetch."""
     left = browser_processes() - before
     assert not left, [psutil.Process(pid).cmdline() for pid in left if psutil.pid_exists(pid)]
-    proxy = service.network.proxy.sessions
+    proxy = service.egress.proxy.sessions
     assert not [name for name in proxy if name.startswith(BROWSER_PREFIX)], list(proxy)
     assert service.browser.refusals == {}
     egress = service.settings.run_root / "egress"
@@ -325,7 +325,7 @@ async def test_a_page_gives_title_final_url_visible_text_links_and_a_png(
     browsing: Service, site: Site
 ) -> None:
     before = browser_processes()
-    page = await browsing.fetch_page(site.url("/page"), screenshot=True)
+    page = await browsing.browser.fetch(site.url("/page"), screenshot=True)
     assert page.title == "Corral test page"
     assert page.url == site.url("/page")
     assert page.status == 200
@@ -343,7 +343,7 @@ async def test_a_page_gives_title_final_url_visible_text_links_and_a_png(
 
 
 async def test_only_visible_text_is_returned(browsing: Service, site: Site) -> None:
-    page = await browsing.fetch_page(site.url("/page"))
+    page = await browsing.browser.fetch(site.url("/page"))
     for hidden in ("hidden-by-display-none", "hidden-by-attribute", "text-inside-a-script"):
         assert hidden not in page.text
     assert page.screenshot_png is None
@@ -351,7 +351,7 @@ async def test_only_visible_text_is_returned(browsing: Service, site: Site) -> N
 
 
 async def test_a_redirect_chain_ends_at_the_final_url(browsing: Service, site: Site) -> None:
-    page = await browsing.fetch_page(site.url("/r1"))
+    page = await browsing.browser.fetch(site.url("/r1"))
     assert page.requested_url == site.url("/r1")
     assert page.url == site.url("/page")
     assert (page.status, page.title) == (200, "Corral test page")
@@ -385,9 +385,9 @@ async def test_a_url_that_is_not_http_is_refused_before_anything_starts(
 ) -> None:
     before = browser_processes()
     with pytest.raises(InvalidInput, match=message):
-        await browsing.fetch_page(url)
+        await browsing.browser.fetch(url)
     assert browser_processes() - before == set()
-    assert not browsing.network.proxy.sessions
+    assert not browsing.egress.proxy.sessions
 
 
 async def test_a_page_timeout_that_is_not_positive_is_refused(
@@ -395,11 +395,11 @@ async def test_a_page_timeout_that_is_not_positive_is_refused(
 ) -> None:
     for timeout_s in (0, -1, math.inf, math.nan):
         with pytest.raises(InvalidInput, match="page timeout must be a positive number"):
-            await browsing.fetch_page(site.url("/page"), timeout_s=timeout_s)
+            await browsing.browser.fetch(site.url("/page"), timeout_s=timeout_s)
 
 
 async def test_a_page_timeout_past_the_cap_is_cut_to_the_cap(browsing: Service, site: Site) -> None:
-    page = await browsing.fetch_page(site.url("/page"), timeout_s=1e9)
+    page = await browsing.browser.fetch(site.url("/page"), timeout_s=1e9)
     assert page.loaded
 
 
@@ -423,7 +423,7 @@ async def test_a_private_address_is_refused_by_name(
 ) -> None:
     before = browser_processes()
     with pytest.raises(FetchFailed) as failure:
-        await browsing.fetch_page(url)
+        await browsing.browser.fetch(url)
     message = str(failure.value)
     assert f"the browsing policy refused {named}" in message, message
     assert "CORRAL_BROWSER_NET" in message  # says how the operator can change it
@@ -433,7 +433,7 @@ async def test_a_private_address_is_refused_by_name(
 async def test_a_name_that_resolves_to_loopback_is_refused(browsing: Service, site: Site) -> None:
     port = site.private.ports["redirect"]
     with pytest.raises(FetchFailed, match=f"refused localhost:{port} .*not a public address"):
-        await browsing.fetch_page(f"http://localhost:{port}/")
+        await browsing.browser.fetch(f"http://localhost:{port}/")
     assert site.private.hits_on("redirect") == 0
 
 
@@ -442,14 +442,14 @@ async def test_a_redirect_to_a_private_address_is_refused_and_never_reached(
 ) -> None:
     port = site.private.ports["redirect"]
     with pytest.raises(FetchFailed, match=f"refused 127.0.0.1:{port}"):
-        await browsing.fetch_page(site.url("/to-private"))
+        await browsing.browser.fetch(site.url("/to-private"))
     assert site.private.hits_on("redirect") == 0
 
 
 async def test_private_subresources_are_refused_and_the_page_still_loads(
     browsing: Service, site: Site
 ) -> None:
-    page = await browsing.fetch_page(site.url("/subresources"))
+    page = await browsing.browser.fetch(site.url("/subresources"))
     assert (page.title, page.loaded) == ("Subresources", True)
     assert "The page itself loaded." in page.text
     refused_ports = {entry.split(" ")[0] for entry in page.refused}
@@ -459,7 +459,7 @@ async def test_private_subresources_are_refused_and_the_page_still_loads(
     assert any(note.startswith("the browsing policy refused: 127.0.0.1:") for note in page.notes())
     denied = {
         entry["target"]
-        for entry in (await browsing.audit_page(kind="network", limit=500)).to_dict()["entries"]
+        for entry in (await browsing.audit.page(kind="network", limit=500)).to_dict()["entries"]
         if entry["action"] == "deny" and entry["session"].startswith(BROWSER_PREFIX)
     }
     assert {f"127.0.0.1:{site.private.ports[kind]}" for kind in PRIVATE_KINDS} <= denied
@@ -468,7 +468,7 @@ async def test_private_subresources_are_refused_and_the_page_still_loads(
 async def test_browsing_none_refuses_even_an_allowed_host(tmp_path: Path, site: Site) -> None:
     async with open_service(tmp_path, browser_net="none") as closed:
         with pytest.raises(FetchFailed) as failure:
-            await closed.fetch_page(site.url("/page"))
+            await closed.browser.fetch(site.url("/page"))
     message = str(failure.value)
     assert f"the browsing policy refused {HOST}:{site.port} (mode none" in message, message
 
@@ -481,7 +481,7 @@ async def test_a_page_that_never_finishes_returns_what_it_showed_in_bounded_time
 ) -> None:
     before = browser_processes()
     started = time.monotonic()
-    page = await browsing.fetch_page(site.url("/stall"), timeout_s=STALL_TIMEOUT_S)
+    page = await browsing.browser.fetch(site.url("/stall"), timeout_s=STALL_TIMEOUT_S)
     assert time.monotonic() - started < STALL_TIMEOUT_S + 40
     assert not page.loaded
     assert page.title == "Stalling"
@@ -502,7 +502,7 @@ async def test_a_page_whose_script_never_yields_is_stopped_at_the_deadline(
     with pytest.raises(
         FetchTimedOut, match=f"did not finish within {deadline_s:g} s and was stopped"
     ):
-        await browsing.fetch_page(site.url("/busy"), timeout_s=STALL_TIMEOUT_S)
+        await browsing.browser.fetch(site.url("/busy"), timeout_s=STALL_TIMEOUT_S)
     assert time.monotonic() - started < deadline_s + 10
     assert_browser_gone(browsing, before)
 
@@ -513,7 +513,7 @@ async def test_a_50_mb_page_is_cut_at_max_chars_in_bounded_time(
 ) -> None:
     before = browser_processes()
     started = time.monotonic()
-    page = await browsing.fetch_page(site.url("/big"))
+    page = await browsing.browser.fetch(site.url("/big"))
     elapsed = time.monotonic() - started
     assert elapsed < browsing.settings.browser_timeout_s + 30, elapsed
     assert page.title == "Big page"
@@ -527,7 +527,7 @@ async def test_a_50_mb_page_is_cut_at_max_chars_in_bounded_time(
 async def test_one_fetch_at_a_time_when_the_cap_is_one(tmp_path: Path, site: Site) -> None:
     async with open_service(tmp_path, browser_max_concurrent=1) as serial:
         url = site.url(f"/slow/serial?hold={SERIAL_HOLD_S}")
-        pages = await asyncio.gather(serial.fetch_page(url), serial.fetch_page(url))
+        pages = await asyncio.gather(serial.browser.fetch(url), serial.browser.fetch(url))
     assert [page.title for page in pages] == ["Slow", "Slow"]
     slow = site.slow["/slow/serial"]
     assert (slow.hits, slow.most) == (2, 1)
@@ -537,7 +537,7 @@ async def test_two_fetches_overlap_under_the_default_cap(browsing: Service, site
     # The control for the test above: the same two fetches do overlap when two are allowed.
     assert browsing.settings.browser_max_concurrent == 2
     url = site.url("/slow/parallel?hold=20")
-    pages = await asyncio.gather(browsing.fetch_page(url), browsing.fetch_page(url))
+    pages = await asyncio.gather(browsing.browser.fetch(url), browsing.browser.fetch(url))
     assert [page.title for page in pages] == ["Slow", "Slow"]
     slow = site.slow["/slow/parallel"]
     assert (slow.hits, slow.most) == (2, 2)

@@ -51,14 +51,14 @@ async def test_user_approval_in_the_client_allows_the_hosts(eliciting: RunningSe
     made = await _ask(eliciting, True, seen)
     assert made["status"] == "approved"
     assert "example.org" in seen[0] and "docs" in seen[0]
-    policy = eliciting.service.network.policy("default")
+    policy = eliciting.service.egress.policy("default")
     assert [entry.text for entry in policy.entries] == ["example.org"]
 
 
 async def test_user_refusal_in_the_client_rejects(eliciting: RunningServer) -> None:
     made = await _ask(eliciting, False, [])
     assert made["status"] == "rejected"
-    assert eliciting.service.network.policy("default").mode == "none"
+    assert eliciting.service.egress.policy("default").mode == "none"
 
 
 async def test_without_opt_in_the_client_is_never_asked(server: RunningServer) -> None:

@@ -187,11 +187,11 @@ def fetched(result: ExecutionResult) -> tuple[int, int, str]:
 
 
 async def allow_only(service: Service, *ports: int) -> None:
-    await service.set_network(SID, "allowlist", [f"{HOST}:{port}" for port in ports])
+    await service.network.set(SID, "allowlist", [f"{HOST}:{port}" for port in ports])
 
 
 def stats(service: Service) -> dict[str, int]:
-    return dict(service.network_policy(SID).to_dict()["stats"])
+    return dict(service.network.policy(SID).to_dict()["stats"])
 
 
 # -- mode none -----------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def stats(service: Service) -> dict[str, int]:
 async def test_mode_none_refuses_curl_with_a_403_that_names_the_host_and_the_fix(
     net: Service, site: Site
 ) -> None:
-    await net.set_network(SID, "none", [])
+    await net.network.set(SID, "none", [])
     status, code, text = fetched(await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt")))
     assert (status, code) == (403, 0), text
     assert HELLO not in text
@@ -210,7 +210,7 @@ async def test_mode_none_refuses_curl_with_a_403_that_names_the_host_and_the_fix
 
 
 async def test_mode_none_refuses_a_tunnel_and_socks_too(net: Service, site: Site) -> None:
-    await net.set_network(SID, "none", [])
+    await net.network.set(SID, "none", [])
     url = f"http://{HOST}:{site.port}/hello.txt"
     status, code, text = fetched(await sh(net, curl(url, "--proxytunnel")))
     assert code != 0 and HELLO not in text
@@ -259,7 +259,7 @@ async def test_pip_installs_from_an_allowed_index_and_not_from_a_refused_one(
     net: Service, site: Site
 ) -> None:
     index = f"http://{HOST}:{site.port}/simple/"
-    await net.set_network(SID, "none", [])
+    await net.network.set(SID, "none", [])
     before = stats(net)
     refused = await sh(
         net,
@@ -296,7 +296,7 @@ async def test_git_clones_over_dumb_http_from_an_allowed_host(net: Service, site
 async def test_a_name_that_resolves_to_loopback_is_refused_even_when_listed(net: Service) -> None:
     # The host proxy resolves "localhost" itself (to the host's loopback): a name rule never
     # admits a non-public address; only listing the exact address does.
-    await net.set_network(SID, "allowlist", ["localhost"])
+    await net.network.set(SID, "allowlist", ["localhost"])
     status, _, text = fetched(await sh(net, curl("http://localhost:9/", "--noproxy ''")))
     assert status == 403, text
     assert "not a public address" in text
@@ -308,7 +308,7 @@ async def test_git_clones_a_repository_of_many_loose_objects(net: Service, site:
     name = "net-git"  # its own session: its connection count must not spill into SID's
     await net.sessions.create(name, start=False)
     try:
-        await net.set_network(name, "allowlist", [f"{HOST}:{site.port}"])
+        await net.network.set(name, "allowlist", [f"{HOST}:{site.port}"])
         result = await sh(
             net,
             f"git clone -q http://{HOST}:{site.port}/many.git /workspace/many 2>&1; "
@@ -329,13 +329,13 @@ async def test_switching_none_allowlist_none_applies_to_the_next_connection(
     net: Service, site: Site
 ) -> None:
     url = f"http://{HOST}:{site.port}/hello.txt"
-    await net.set_network(SID, "none", [])
+    await net.network.set(SID, "none", [])
     assert fetched(await sh(net, curl(url)))[0] == 403
-    changed = (await net.set_network(SID, "allowlist", [f"{HOST}:{site.port}"])).to_dict()
+    changed = (await net.network.set(SID, "allowlist", [f"{HOST}:{site.port}"])).to_dict()
     assert changed["mode"] == "allowlist" and changed["allow"] == [f"{HOST}:{site.port}"]
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 200 and HELLO in text, text
-    await net.set_network(SID, "none", [])
+    await net.network.set(SID, "none", [])
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 403 and HELLO not in text, text
 
@@ -393,13 +393,13 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
     assert opened.results == [{"text/plain": "('HTTP/1.1 200 Connection established', 'PING')"}]
 
     # An unrelated change keeps it: the tunnel is still allowed.
-    kept = (await net.allow_network(SID, ["example.org"])).to_dict()
+    kept = (await net.network.allow(SID, ["example.org"])).to_dict()
     assert kept["tunnels_closed"] == 0
     again = await py(net, "exchange(tunnel, b'still')")
     assert again.results == [{"text/plain": "'STILL'"}], again.text()
 
     ended = len(echo.ended)
-    cut = (await net.set_network(SID, "none", [])).to_dict()
+    cut = (await net.network.set(SID, "none", [])).to_dict()
     assert cut["tunnels_closed"] == 1
     after = await py(net, "exchange(tunnel, b'after'), tunnel.close()")
     assert after.status == "ok", after.text()
@@ -416,7 +416,7 @@ async def test_denying_the_entry_cuts_an_open_tunnel_too(net: Service, echo: Ech
     opened = await py(net, f"tunnel, _ = open_tunnel({echo.port})\nexchange(tunnel, b'x')")
     assert opened.results == [{"text/plain": "'X'"}], opened.text()
     ended = len(echo.ended)
-    denied = (await net.deny_network(SID, [f"{HOST}:{echo.port}"])).to_dict()
+    denied = (await net.network.deny(SID, [f"{HOST}:{echo.port}"])).to_dict()
     assert (denied["mode"], denied["allow"], denied["tunnels_closed"]) == ("allowlist", [], 1)
     after = await py(net, "exchange(tunnel, b'y'), tunnel.close()")
     outcome = after.results[0]["text/plain"]
@@ -471,7 +471,7 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     await allow_only(net, site.port)
     await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt"))
     await sh(net, curl(f"http://{HOST}:{site.other}/hello.txt"))
-    entries = (await net.audit_page(kind="network", session=SID, limit=2)).to_dict()["entries"]
+    entries = (await net.audit.page(kind="network", session=SID, limit=2)).to_dict()["entries"]
     refused, allowed = entries  # newest first
     assert allowed["action"] == "allow" and allowed["target"] == f"{HOST}:{site.port}"
     assert allowed["detail"]["rule"] == f"address listed: {HOST}:{site.port}"
@@ -479,7 +479,7 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     assert refused["action"] == "deny" and refused["target"] == f"{HOST}:{site.other}"
     assert "not listed by address" in refused["detail"]["rule"]
     assert refused["detail"]["allowed"] is False
-    changes = (await net.audit_page(kind="admin", session=SID, limit=1)).to_dict()["entries"]
+    changes = (await net.audit.page(kind="admin", session=SID, limit=1)).to_dict()["entries"]
     assert changes[0]["action"] == "set_network"
 
 

@@ -463,7 +463,7 @@ async def test_egress_proxy_restart_cuts_open_connections_and_running_sandboxes_
     service: Service, site: int
 ) -> None:
     await service.create_session("net")
-    await service.set_network("net", "allowlist", [f"{HOST}:{site}"])
+    await service.network.set("net", "allowlist", [f"{HOST}:{site}"])
     py, sh = await fetched(service, site)
     assert (py.stdout, sh.stdout) == (HELLO, HELLO), (py.text(), sh.text())
     pids = kernel_pids(service)
@@ -474,7 +474,7 @@ async def test_egress_proxy_restart_cuts_open_connections_and_running_sandboxes_
     assert await asyncio.to_thread(_Site.slow_started.wait, WAIT_S)
     await asyncio.sleep(0.3)  # a few lines are through the tunnel
 
-    cut = await service.network.proxy.restart()
+    cut = await service.egress.proxy.restart()
     restarted = time.monotonic()
     cut_off = await asyncio.wait_for(slow, WAIT_S)
     answered_s = time.monotonic() - restarted
@@ -496,8 +496,8 @@ async def test_egress_socket_removed_from_the_run_root_is_listened_on_again(
     service: Service, site: int
 ) -> None:
     await service.create_session("net")
-    await service.set_network("net", "allowlist", [f"{HOST}:{site}"])
-    socket_path = await service.network.socket_for("net")
+    await service.network.set("net", "allowlist", [f"{HOST}:{site}"])
+    socket_path = await service.egress.socket_for("net")
     socket_path.unlink()  # a clean-up of the run root, say
     # The bash kernel's start asks for the socket again, and the proxy listens anew; the
     # python kernel, running all along, finds the new socket too.

@@ -182,7 +182,7 @@ async def test_fill_the_workspace_through_the_rest_files_api(host: Host, disk_si
     assert "does not fit: the workspace holds at most 64 MiB" in error["message"]
     workspace = host.service.sessions.sessions[disk_sid].paths.workspace
     assert not (workspace / "up2.bin").exists()
-    host.service.delete_file(disk_sid, "up1.bin")
+    host.service.files.delete(disk_sid, "up1.bin")
 
 
 async def test_fill_the_workspace_through_the_mcp_write_file_tool(
@@ -201,7 +201,7 @@ async def test_fill_the_workspace_through_the_mcp_write_file_tool(
     assert result.is_error and 12 <= len(written) < 22, (len(written), text_of(result))
     assert "does not fit: the workspace holds at most 64 MiB" in text_of(result)
     for name in written:
-        host.service.delete_file(disk_sid, name)
+        host.service.files.delete(disk_sid, name)
 
 
 async def test_fill_the_workspace_with_files_through_the_files_api(
@@ -231,7 +231,7 @@ async def test_fill_the_workspace_with_files_through_the_files_api(
             if put.status_code != 201:
                 break
     assert statuses[-1] == 507, statuses
-    host.service.delete_file(disk_sid, "many", recursive=True)
+    host.service.files.delete(disk_sid, "many", recursive=True)
     await disk_looked_at_again(host.service, disk_sid)
     await answers(host, disk_sid)
 
@@ -345,7 +345,7 @@ async def test_unpack_hostile_skill_archives(host: Host) -> None:
     refused = {}
     for name, data in hostile_archives(host.secret).items():
         with pytest.raises(ArchiveRefused) as caught:
-            await host.service.add_skill(f"{name}.zip", data)
+            await host.service.skills.add(f"{name}.zip", data)
         refused[name] = str(caught.value)
     assert all(refused.values()), refused
     assert tree_of(base) == before
@@ -362,7 +362,7 @@ async def test_drop_a_hostile_archive_in_the_skills_folder(host: Host) -> None:
     archive = folder / "dropped.zip"
     archive.write_bytes(hostile_archives(host.secret)["dotdot"])
     before = tree_of(host.settings.config_dir.parent)
-    listing = await host.service.list_skills()
+    listing = await host.service.skills.list()
     assert "evil" not in {skill.name for skill in listing.skills}
     assert [aside.name for aside in listing.set_aside] == ["dropped.zip.bad"]
     after = tree_of(host.settings.config_dir.parent)

@@ -116,22 +116,22 @@ def silent_listener() -> Iterator[tuple[socket.socket, int]]:
 @pytest.fixture(scope="module")
 async def net(host: Host) -> AsyncIterator[str]:
     """A session of this module's own; each test sets its policy first."""
-    shared = {sid: host.service.network_policy(sid).policy for sid in (A, B)}
+    shared = {sid: host.service.network.policy(sid).policy for sid in (A, B)}
     await host.service.create_session(NET)
     try:
         yield NET
     finally:
         await host.service.delete_session(NET)
-        assert {sid: host.service.network_policy(sid).policy for sid in (A, B)} == shared
+        assert {sid: host.service.network.policy(sid).policy for sid in (A, B)} == shared
 
 
 async def allow_only(host: Host, sid: str, *entries: str) -> None:
-    changed = (await host.service.set_network(sid, "allowlist", list(entries))).to_dict()
+    changed = (await host.service.network.set(sid, "allowlist", list(entries))).to_dict()
     assert (changed["mode"], changed["allow"]) == ("allowlist", list(entries)), changed
 
 
 def stats(host: Host, sid: str) -> dict[str, int]:
-    return dict(host.service.network_policy(sid).to_dict()["stats"])
+    return dict(host.service.network.policy(sid).to_dict()["stats"])
 
 
 EXCHANGE = """
@@ -244,7 +244,7 @@ async def test_browse_to_a_host_address(host: Host, url: str, named: str) -> Non
     url, named = url.format(**ports), named.format(**ports)
     before = reached(host)
     with pytest.raises(FetchFailed) as failure:
-        await host.service.fetch_page(url)
+        await host.service.browser.fetch(url)
     message = str(failure.value)
     # It names the URL as Chromium wrote it (2130706434 is 127.0.0.2 by then).
     assert message.startswith("could not load http"), message

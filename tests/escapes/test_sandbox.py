@@ -147,7 +147,7 @@ async def test_follow_inherited_descriptors_to_host_paths(host: Host) -> None:
     assert outside == []
     assert [e for e in found if e["regular"] and e["read"] is not True] == []
     # What the open regular files hold (nothing, when none is open) names no host secret.
-    contents = host.service.read_file(A, "fd-contents.bin")
+    contents = host.service.files.read(A, "fd-contents.bin")
     assert SECRET.encode() not in contents and SSH_KEY.encode() not in contents
     assert not [e for e in paths if str(host.secret.parent) in e["target"]]
 
@@ -209,9 +209,9 @@ async def test_read_a_workspace_symlink_to_the_host_secret_with_the_file_api(hos
         f"import os\nos.symlink({str(host.secret)!r}, '/workspace/leak')\nprint('null')",
     )
     with pytest.raises(PathRefused, match="'leak' is a symbolic link, and links are never"):
-        host.service.read_file(A, "leak")
+        host.service.files.read(A, "leak")
     with pytest.raises(PathRefused, match="is a symbolic link"):
-        host.service.read_file(A, "/workspace/leak")
+        host.service.files.read(A, "/workspace/leak")
     before = len(host.server_hits)
     tokens = load_tokens(host.settings.config_dir, env={})
     async with httpx.AsyncClient(
@@ -235,13 +235,13 @@ async def test_read_through_a_symlinked_parent_directory_with_the_file_api(host:
     )
     for path in ("secret-dir/host-secret.txt", "fake-home/.ssh/id_ed25519"):
         with pytest.raises(PathRefused, match="is a symbolic link, and links are never followed"):
-            host.service.read_file(A, path)
+            host.service.files.read(A, path)
     with pytest.raises(PathRefused, match="is a symbolic link"):
-        host.service.list_files(A, "secret-dir")
+        host.service.files.list(A, "secret-dir")
     with pytest.raises(PathRefused, match="is a symbolic link"):
-        host.service.write_file(A, "secret-dir/host-secret.txt", b"overwritten")
+        host.service.files.write(A, "secret-dir/host-secret.txt", b"overwritten")
     assert host.secret.read_text() == SECRET + "\n"
-    listing = asdict(host.service.list_files(A, ".", recursive=True))
+    listing = asdict(host.service.files.list(A, ".", recursive=True))
     assert {e["kind"] for e in listing["entries"] if e["path"] == "secret-dir"} == {"link"}
 
 
@@ -264,7 +264,7 @@ async def test_hard_link_across_filesystems(host: Host) -> None:
 
 
 def policy_is_none(host: Host, sid: str) -> None:
-    assert host.service.network_policy(sid).to_dict()["mode"] == "none"
+    assert host.service.network.policy(sid).to_dict()["mode"] == "none"
 
 
 async def test_reach_the_server_and_host_ports_with_python_sockets(host: Host) -> None:
@@ -336,7 +336,7 @@ async def test_reach_the_server_and_host_ports_through_the_proxy_with_policy_non
     )
     assert status == [403, True]
     assert (len(host.server_hits), len(host.web_hits)) == before
-    assert host.service.network_policy(A).to_dict()["stats"]["refused"] >= 6
+    assert host.service.network.policy(A).to_dict()["stats"]["refused"] >= 6
 
 
 async def test_open_raw_and_packet_sockets(host: Host) -> None:
@@ -740,7 +740,7 @@ async def test_fill_the_workspace(host: Host, disk_sid: str) -> None:
     result = await execute(host, WORKSPACE_FILLER, disk_sid)
     assert_stopped_by_the_disk_watch(result, "the workspace holds at most 64 MiB")
     await answers(host, A)
-    host.service.delete_file(disk_sid, "fill", recursive=True)
+    host.service.files.delete(disk_sid, "fill", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 
@@ -756,9 +756,9 @@ async def test_fill_the_workspace_with_empty_files(host: Host, disk_sid: str) ->
     )
     result = await execute(host, code, disk_sid)
     assert_stopped_by_the_disk_watch(result, f"{FILES} files")
-    report = host.service.session_limits(disk_sid)
+    report = host.service.controls.limits(disk_sid)
     assert report.workspace_files_used is not None and report.workspace_files_used > FILES
-    host.service.delete_file(disk_sid, "many", recursive=True)
+    host.service.files.delete(disk_sid, "many", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 
@@ -828,7 +828,7 @@ async def test_fill_the_workspace_from_a_process_left_running(host: Host, disk_s
     assert "while no code ran, the session went past its workspace limit (64 MiB" in after.message
     assert "processes that kept writing were killed: bash" in after.message
     await until(lambda: not {"bash", "dd"} & sandbox_processes(host, disk_sid), "dd and bash gone")
-    host.service.delete_file(disk_sid, "bg", recursive=True)
+    host.service.files.delete(disk_sid, "bg", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 
@@ -853,7 +853,7 @@ async def test_fill_the_workspace_from_a_kernel_thread(host: Host, disk_sid: str
     assert after.kernel_restarted
     assert after.message is not None
     assert "the python kernel kept writing while none of its code ran" in after.message
-    host.service.delete_file(disk_sid, "th", recursive=True)
+    host.service.files.delete(disk_sid, "th", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 
@@ -881,7 +881,7 @@ async def test_fill_the_workspace_with_empty_files_from_a_process_left_running(
     )
     assert "processes that kept writing were killed: bash" in after.message
     await until(lambda: "bash" not in sandbox_processes(host, disk_sid), "the shell loop gone")
-    host.service.delete_file(disk_sid, "ef", recursive=True)
+    host.service.files.delete(disk_sid, "ef", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 
@@ -906,9 +906,9 @@ async def test_fill_the_workspace_with_empty_files_from_a_kernel_thread(
     assert after.kernel_restarted
     assert after.message is not None
     assert "the python kernel kept writing while none of its code ran" in after.message
-    report = host.service.session_limits(disk_sid)
+    report = host.service.controls.limits(disk_sid)
     assert report.workspace_files_used is not None and report.workspace_files_used > FILES
-    host.service.delete_file(disk_sid, "te", recursive=True)
+    host.service.files.delete(disk_sid, "te", recursive=True)
     await assert_answers_once_measured_again(host, disk_sid)
 
 

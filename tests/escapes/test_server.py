@@ -175,9 +175,9 @@ async def target(host: Host) -> AsyncIterator[Target]:
     that the routes' parameters name."""
     before = {info.id for info in host.service.list_sessions()}
     await host.service.create_session(TARGET)
-    host.service.write_file(TARGET, KEPT, b"kept")
-    asked = await host.service.request_network_access(TARGET, ["evil.example"], "the battery's own")
-    skill = (await host.service.list_skills()).skills[0].name
+    host.service.files.write(TARGET, KEPT, b"kept")
+    asked = await host.service.network.request_access(TARGET, ["evil.example"], "the battery's own")
+    skill = (await host.service.skills.list()).skills[0].name
     values = {"id": TARGET, "rid": str(asked.id), "name": skill, "filename": "SKILL.md"}
     calls = [
         (Call(method, PARAM.sub(lambda m: values.get(m[1], "x"), template)), body)
@@ -188,8 +188,8 @@ async def target(host: Host) -> AsyncIterator[Target]:
     try:
         yield Target(calls, query)
     finally:
-        if asked.id in {r.id for r in await host.service.network_requests("pending")}:
-            await host.service.decide_network_request(asked.id, approve=False)
+        if asked.id in {r.id for r in await host.service.network.requests("pending")}:
+            await host.service.network.decide(asked.id, approve=False)
         for info in host.service.list_sessions():
             if info.id not in before:  # TARGET, and whatever a broken guard let in
                 await host.service.delete_session(info.id)
@@ -199,12 +199,12 @@ async def service_state(host: Host) -> dict[str, Any]:
     """What a call let through by mistake would change: the sessions, TARGET, the network
     requests, the skills and the audit log's newest entry."""
     service = host.service
-    newest = (await service.audit_page(limit=1)).to_dict()["entries"]
+    newest = (await service.audit.page(limit=1)).to_dict()["entries"]
     return {
         "sessions": sorted((info.id, info.state) for info in service.list_sessions()),
         "target": target_state(service),
-        "requests": [asdict(r) for r in await service.network_requests()],
-        "skills": sorted(s.name for s in (await service.list_skills()).skills),
+        "requests": [asdict(r) for r in await service.network.requests()],
+        "skills": sorted(s.name for s in (await service.skills.list()).skills),
         "audit": newest[0]["id"] if newest else None,
     }
 
@@ -213,11 +213,11 @@ def target_state(service: Service) -> dict[str, Any] | None:
     """TARGET's files, options, limits and network; None once it is gone."""
     try:
         return {
-            "files": asdict(service.list_files(TARGET, ".", recursive=True)),
-            "kept": service.read_file(TARGET, KEPT),
+            "files": asdict(service.files.list(TARGET, ".", recursive=True)),
+            "kept": service.files.read(TARGET, KEPT),
             "options": service.sessions.sessions[TARGET].options,
-            "limits": service.session_limits(TARGET).to_dict()["limits"],
-            "network": service.network_policy(TARGET).to_dict(),
+            "limits": service.controls.limits(TARGET).to_dict()["limits"],
+            "network": service.network.policy(TARGET).to_dict(),
         }
     except SessionNotFound:
         return None
@@ -491,7 +491,7 @@ async def at_least(entries: Awaitable[list[str]], count: int) -> bool:
 
 
 async def bridge_actions(host: Host) -> list[str]:
-    entries = (await host.service.audit_page(kind="bridge", session=BRIDGED)).to_dict()["entries"]
+    entries = (await host.service.audit.page(kind="bridge", session=BRIDGED)).to_dict()["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -500,7 +500,7 @@ async def bridged_session(host: Host) -> AsyncIterator[str]:
     """BRIDGED with its bridge enabled by the operator, started, and deleted at the end."""
     await host.service.sessions.create(BRIDGED, start=False)
     try:
-        await host.service.set_bridge(BRIDGED, True)
+        await host.service.controls.set_bridge(BRIDGED, True)
         await host.service.start_session(BRIDGED)
         yield BRIDGED
     finally:

@@ -89,7 +89,7 @@ def _ssh(*argv: str, agent: Path | None = None) -> str:
 async def bridged(service: Service, sid: str) -> None:
     """Create `sid` stopped, enable its bridge as the operator does, then start it."""
     await service.sessions.create(sid, start=False)
-    report = await service.set_bridge(sid, True)
+    report = await service.controls.set_bridge(sid, True)
     assert report == BridgeReport(
         session_id=sid,
         ssh_agent=True,
@@ -109,7 +109,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
 
 
 async def bridge_actions(service: Service, sid: str) -> list[str]:
-    entries = (await service.audit_page(kind="bridge", session=sid)).to_dict()["entries"]
+    entries = (await service.audit.page(kind="bridge", session=sid)).to_dict()["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -199,7 +199,7 @@ async def test_raw_connections_without_the_token_get_no_byte_and_are_audited(
     ]
     token = (await run(service, "raw", "print(open('/run/corral-bridge/token').read())")).strip()
     assert len(token) == 64
-    assert token not in json.dumps((await service.audit_page(limit=1000)).to_dict()["entries"])
+    assert token not in json.dumps((await service.audit.page(limit=1000)).to_dict()["entries"])
 
 
 async def test_a_session_without_the_bridge_has_no_agent(
@@ -224,19 +224,19 @@ async def test_enabling_the_bridge_takes_effect_at_the_next_start(
     service: Service, host_agent: HostAgent
 ) -> None:
     await service.create_session("later")
-    report = await service.set_bridge("later", True)
+    report = await service.controls.set_bridge("later", True)
     assert report.restart_needed is True and report.active is False
     assert "sock=unset" in await run(
         service, "later", 'echo "sock=${SSH_AUTH_SOCK-unset}"', language="bash"
     )
     await service.restart_session("later")
-    again = await service.set_bridge("later", True)
+    again = await service.controls.set_bridge("later", True)
     assert again.active is True and again.restart_needed is False
     listed = await run(service, "later", "ssh-add -l", language="bash")
     assert host_agent.fingerprint in listed
-    off = await service.set_bridge("later", False)
+    off = await service.controls.set_bridge("later", False)
     assert off.active is True and off.restart_needed is True
-    admin = (await service.audit_page(kind="admin", session="later")).to_dict()["entries"]
+    admin = (await service.audit.page(kind="admin", session="later")).to_dict()["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 
 
@@ -251,7 +251,7 @@ async def test_the_bridge_without_a_host_agent_fails_the_start_clearly(
         monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "plain-file"))
     async with Service(settings) as service:
         await service.sessions.create("noagent", start=False)
-        await service.set_bridge("noagent", True)
+        await service.controls.set_bridge("noagent", True)
         with pytest.raises(InvalidInput, match="the server has no SSH agent: start corral serve"):
             await service.start_session("noagent")
         assert service.get_session("noagent").kernels == ()

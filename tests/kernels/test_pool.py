@@ -91,11 +91,11 @@ async def test_a_new_session_takes_a_ready_kernel_and_owns_its_folders(pooled: S
 async def test_a_pool_session_is_a_whole_session(pooled: Service) -> None:
     """Limits, packages, files and restart behave as in a cold session."""
     await pooled.create_session("whole")
-    limits = pooled.session_limits("whole")
+    limits = pooled.controls.limits("whole")
     assert limits.usage is not None and limits.usage.tasks >= 1
     prefix = await run(pooled, "whole", "import sys; print(sys.prefix)")
     assert prefix.stdout.strip() == "/opt/corral/env"
-    pooled.write_file("whole", "in.txt", b"from the files api")
+    pooled.files.write("whole", "in.txt", b"from the files api")
     read = await run(pooled, "whole", "print(open('in.txt').read())")
     assert read.stdout == "from the files api\n"
     await pooled.restart_session("whole")
@@ -138,10 +138,10 @@ async def test_the_egress_socket_speaks_for_the_session_that_took_it(
             pooled, "netpool", f"curl -s http://{HOST}:{port}/page.txt", language="bash"
         )
         assert "corral net allow netpool" in text.stdout
-        await pooled.allow_network("netpool", [f"{HOST}:{port}"])
+        await pooled.network.allow("netpool", [f"{HOST}:{port}"])
         allowed = await run(pooled, "netpool", code, language="bash")
         assert allowed.stdout.strip() == "200"
-    decisions = (await pooled.audit_page(kind="network", session="netpool")).to_dict()["entries"]
+    decisions = (await pooled.audit.page(kind="network", session="netpool")).to_dict()["entries"]
     assert decisions, "the proxy's decisions are audited under the session's name"
 
 
@@ -158,10 +158,10 @@ async def test_non_default_profiles_start_cold(settings: Settings, tmp_path: Pat
         assert read.stdout == "project file\n"
 
         await service.sessions.create("limited", start=False)
-        await service.set_session_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
+        await service.controls.set_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
         limited = await service.start_session("limited")
         assert not limited.from_pool
-        assert service.session_limits("limited").limits["memory_bytes"] == 300 * KERNEL_MIB
+        assert service.controls.limits("limited").limits["memory_bytes"] == 300 * KERNEL_MIB
 
         await service.create_session("resumed")
         await run(service, "resumed", "open('kept.txt','w').write('kept')")

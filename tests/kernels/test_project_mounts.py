@@ -124,7 +124,7 @@ async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str,
 
 async def reported(service: Service, sid: str) -> list[str]:
     """Every name in the session's "protected" audit entries, oldest first."""
-    entries = (await service.audit_page(kind="protected", session=sid)).to_dict()["entries"]
+    entries = (await service.audit.page(kind="protected", session=sid)).to_dict()["entries"]
     return [name for entry in reversed(entries) for name in entry["detail"]["names"]]
 
 
@@ -378,7 +378,7 @@ async def test_existing_trusted_files_are_the_sessions_own_to_change(
         assert inside == secret  # the session sees its own version
         await service.stop_session("names")
         names = await reported(service, "names")
-        audit = json.dumps((await service.audit_page(kind="protected")).to_dict()["entries"])
+        audit = json.dumps((await service.audit.page(kind="protected")).to_dict()["entries"])
     assert set(names) == {".claude/settings.json", ".mcp.json", EXTRA}
     assert secret not in audit
     for rel in (*TRUSTED, EXTRA):

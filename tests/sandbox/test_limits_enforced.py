@@ -308,7 +308,7 @@ async def test_memory_is_a_total_over_the_sessions_processes(limited: Service) -
     await limited.create_session("lim-total")
     await keep_a_file(limited, "lim-total")
     await limited.stop_session("lim-total")
-    await limited.set_session_limits("lim-total", {"memory_bytes": "2G"})
+    await limited.controls.set_limits("lim-total", {"memory_bytes": "2G"})
     await limited.start_session("lim-total")
     result = await run(limited, "lim-total", THREE_CHILDREN_OF_1G, timeout_s=25.0)
     assert result.limit == "memory", result.text()
@@ -322,7 +322,7 @@ async def test_tmpfs_pages_count_toward_memory(limited: Service) -> None:
         pytest.skip("rlimit mode bounds /tmp by its own size only: RLIMIT_DATA misses tmpfs pages")
     await limited.create_session("lim-tmpfs")
     await keep_a_file(limited, "lim-tmpfs")
-    report = await limited.set_session_limits("lim-tmpfs", {"tmp_bytes": "512M"})
+    report = await limited.controls.set_limits("lim-tmpfs", {"tmp_bytes": "512M"})
     assert report.changed_at_next_start == ("tmp_bytes",)
     await limited.restart_session("lim-tmpfs")
     size = await value(
@@ -377,7 +377,7 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
     # The session already holds its package prefix and a file: it crosses the limit when the
     # code has written what is left, not the whole limit.
     await disk_looked_at_again(limited, "lim-fill")
-    held = limited.session_limits("lim-fill").workspace_bytes_used
+    held = limited.controls.limits("lim-fill").workspace_bytes_used
     assert held is not None and held < WORKSPACE
 
     result = await run(limited, "lim-fill", workspace_filler(WORKSPACE - held))
@@ -385,7 +385,7 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
     assert result.limit == "disk"
     assert result.message is not None and "the workspace holds at most 64 MiB" in result.message
 
-    progress = json.loads(limited.read_file("lim-fill", "progress.json"))
+    progress = json.loads(limited.files.read("lim-fill", "progress.json"))
     if progress["crossed"] is None:
         # Stopped a little before the room measured earlier was written (the session's own
         # folders grew meanwhile, or blocks were counted ahead): never late, never far short.
@@ -399,7 +399,7 @@ async def test_workspace_filler_is_stopped_soon_after_the_limit(limited: Service
 
     assert await value(limited, "lim-beside", "open('/workspace/b', 'w').write('b' * 1000)") == 1000
     assert (beside.workspace / "b").stat().st_size == 1000
-    limited.delete_file("lim-fill", "fill", recursive=True)
+    limited.files.delete("lim-fill", "fill", recursive=True)
     await disk_looked_at_again(limited, "lim-fill")
     await assert_kept_and_working(limited, "lim-fill")
 
@@ -427,7 +427,7 @@ async def test_one_file_past_the_workspace_limit_is_efbig(limited: Service) -> N
     assert result.status in ("error", "interrupted"), result.text()
     if result.status == "error":
         assert result.error is not None and "[Errno 27] File too large" in result.error.evalue
-    limited.delete_file("lim-efbig", "big.bin")
+    limited.files.delete("lim-efbig", "big.bin")
     await disk_looked_at_again(limited, "lim-efbig")
     await assert_kept_and_working(limited, "lim-efbig")
 
@@ -449,7 +449,7 @@ async def test_tmp_filler_is_enospc(limited: Service) -> None:
 
 async def test_cpu_quota_caps_a_busy_loop(limited: Service) -> None:
     await limited.create_session("lim-cpu")
-    report = await limited.set_session_limits("lim-cpu", {"cpus": 0.25})
+    report = await limited.controls.set_limits("lim-cpu", {"cpus": 0.25})
     assert report.changed_now == ("cpus",)
     result = await run(limited, "lim-cpu", CPU_SPINNER)
     assert result.status == "ok", result.text()
@@ -471,7 +471,7 @@ async def test_busy_loop_stops_at_the_time_limit(limited: Service) -> None:
 
 async def test_time_limit_lowered_live(limited: Service) -> None:
     await limited.create_session("lim-time-live")
-    report = await limited.set_session_limits("lim-time-live", {"exec_timeout_s": 1})
+    report = await limited.controls.set_limits("lim-time-live", {"exec_timeout_s": 1})
     assert report.changed_now == ("exec_timeout_s",)
     result = await limited.execute("while True: pass", session_id="lim-time-live")
     assert (result.status, result.limit) == ("timeout", "time")
@@ -481,7 +481,7 @@ async def test_time_limit_lowered_live(limited: Service) -> None:
 
 async def test_a_timeout_past_the_cap_runs_with_the_cap_and_says_so(limited: Service) -> None:
     await limited.create_session("lim-time-cap")
-    await limited.set_session_limits("lim-time-cap", {"exec_timeout_s": 2})
+    await limited.controls.set_limits("lim-time-cap", {"exec_timeout_s": 2})
     assert await value(limited, "lim-time-cap", "6 * 7") == 42  # asks 20 s, past the cap
     result = await run(limited, "lim-time-cap", "while True: pass", timeout_s=3600.0)
     assert (result.status, result.limit) == ("timeout", "time")
@@ -499,7 +499,7 @@ async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None
     assert result.limit == "output", result.text()
     assert result.output_truncated and len(result.stdout) <= 100_000
 
-    report = await limited.set_session_limits("lim-flood", {"output_bytes": 1000})
+    report = await limited.controls.set_limits("lim-flood", {"output_bytes": 1000})
     assert report.changed_now == ("output_bytes",)
     result = await run(limited, "lim-flood", "print('y' * 5000)")
     assert result.limit == "output"
@@ -513,7 +513,7 @@ async def test_output_flood_is_cut_at_the_output_limit(limited: Service) -> None
 async def test_memory_limit_lowered_live_applies_at_once(limited: Service) -> None:
     await limited.create_session("lim-mem-live")
     assert (await run(limited, "lim-mem-live", ALLOCATE_64M)).status == "ok"
-    report = await limited.set_session_limits("lim-mem-live", {"memory_bytes": "128M"})
+    report = await limited.controls.set_limits("lim-mem-live", {"memory_bytes": "128M"})
     assert report.changed_now == ("memory_bytes",)
     assert report.limits["memory_bytes"] == 128 * MIB
     # The kernel itself holds about 31 MiB: 128 MiB more cannot fit.
@@ -526,8 +526,8 @@ async def test_memory_limit_raised_live_applies_at_once_or_says_when(limited: Se
     """cgroups raise at once; a running process's RLIMIT_DATA rises only with
     CAP_SYS_RESOURCE, and without it the answer says the change waits for a restart."""
     await limited.create_session("lim-mem-raise")
-    await limited.set_session_limits("lim-mem-raise", {"memory_bytes": "128M"})
-    report = await limited.set_session_limits("lim-mem-raise", {"memory_bytes": MEMORY})
+    await limited.controls.set_limits("lim-mem-raise", {"memory_bytes": "128M"})
+    report = await limited.controls.set_limits("lim-mem-raise", {"memory_bytes": MEMORY})
     if is_rlimit(limited) and not CAN_RAISE_RLIMITS:
         assert report.changed_at_next_start == ("memory_bytes",), report
         await limited.restart_session("lim-mem-raise")
@@ -541,7 +541,7 @@ async def test_workspace_limit_raised_live_allows_a_larger_file(limited: Service
     """The per-file size behind the workspace limit is an rlimit: raised at once with
     CAP_SYS_RESOURCE, else from the next start, and the answer says which."""
     info = await limited.create_session("lim-ws-raise")
-    report = await limited.set_session_limits("lim-ws-raise", {"workspace_bytes": "128M"})
+    report = await limited.controls.set_limits("lim-ws-raise", {"workspace_bytes": "128M"})
     if CAN_RAISE_RLIMITS:
         assert report.changed_now == ("workspace_bytes",), report
     else:
@@ -558,18 +558,18 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
         pytest.skip("rlimit mode cannot refuse: RLIMIT_DATA may be set below what is in use")
     await limited.create_session("lim-mem-refused")
     await value(limited, "lim-mem-refused", "x = b'x' * (100 << 20); len(x)")
-    usage = limited.session_limits("lim-mem-refused").usage.memory_bytes
+    usage = limited.controls.limits("lim-mem-refused").usage.memory_bytes
     assert usage > 128 * MIB
     with pytest.raises(LimitRefused, match="refused memory=134217728"):
-        await limited.set_session_limits("lim-mem-refused", {"memory_bytes": "128M"})
-    assert limited.session_limits("lim-mem-refused").limits["memory_bytes"] == MEMORY
+        await limited.controls.set_limits("lim-mem-refused", {"memory_bytes": "128M"})
+    assert limited.controls.limits("lim-mem-refused").limits["memory_bytes"] == MEMORY
     assert memory_limit_in_cgroup(limited, "lim-mem-refused") == MEMORY
     assert await value(limited, "lim-mem-refused", "len(x)") == 100 * MIB
 
 
 async def test_tasks_lowered_live_refuse_at_the_new_count(limited: Service) -> None:
     await limited.create_session("lim-tasks-live")
-    report = await limited.set_session_limits("lim-tasks-live", {"tasks": 24})
+    report = await limited.controls.set_limits("lim-tasks-live", {"tasks": 24})
     assert report.changed_now == ("tasks",)
     result = await run(limited, "lim-tasks-live", FORK_40_SLOWLY)
     assert result.limit == "tasks", result.text()
@@ -590,7 +590,7 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
         "import os\n[os.statvfs(p).f_blocks * os.statvfs(p).f_frsize for p in ('/tmp', '/dev/shm')]"
     )
     assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
-    report = await limited.set_session_limits("lim-tmp-size", {"tmp_bytes": "16M"})
+    report = await limited.controls.set_limits("lim-tmp-size", {"tmp_bytes": "16M"})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tmp_bytes",))
     assert await value(limited, "lim-tmp-size", statvfs) == [TMP, TMP]
     await limited.restart_session("lim-tmp-size")
@@ -599,7 +599,7 @@ async def test_tmp_size_changes_at_the_next_start(limited: Service) -> None:
 
 async def test_the_report_names_the_limits_held_only_by_a_watchdog(limited: Service) -> None:
     await limited.create_session("lim-report")
-    report = limited.session_limits("lim-report")
+    report = limited.controls.limits("lim-report")
     expected = ("memory", "cpu", "tasks", "workspace") if is_rlimit(limited) else ("workspace",)
     assert report.best_effort == expected
     assert report.to_dict()["best_effort"] == list(expected)
@@ -608,8 +608,8 @@ async def test_the_report_names_the_limits_held_only_by_a_watchdog(limited: Serv
 async def test_limits_of_a_stopped_session_apply_at_its_start(limited: Service) -> None:
     await limited.create_session("lim-stopped")
     await limited.stop_session("lim-stopped")
-    assert limited.session_limits("lim-stopped").usage is None
-    report = await limited.set_session_limits("lim-stopped", {"tasks": 32})
+    assert limited.controls.limits("lim-stopped").usage is None
+    report = await limited.controls.set_limits("lim-stopped", {"tasks": 32})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tasks",))
     await limited.start_session("lim-stopped")
     box = limited.sessions.sessions["lim-stopped"].box
@@ -622,11 +622,11 @@ async def test_changed_limits_survive_a_server_restart(tmp_path: Path, limited: 
     settings = replace(limited.settings, state_dir=tmp_path / "restarted")
     async with Service(settings) as first:
         await first.create_session("lim-kept")
-        await first.set_session_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
+        await first.controls.set_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
     async with Service(settings) as again:
-        kept = again.session_limits("lim-kept").limits
+        kept = again.controls.limits("lim-kept").limits
         assert (kept["tasks"], kept["memory_bytes"]) == (40, 300 * MIB)
-        assert again.session_limits("lim-kept").usage is None
+        assert again.controls.limits("lim-kept").usage is None
 
 
 # -- the box's end ---------------------------------------------------------------------------

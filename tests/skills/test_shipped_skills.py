@@ -56,11 +56,11 @@ async def run(svc: Service, skill: str, script: str, args: str) -> str:
 
 
 def upload(svc: Service, path: str, data: bytes | str) -> None:
-    svc.write_file(SESSION, path, data.encode() if isinstance(data, str) else data)
+    svc.files.write(SESSION, path, data.encode() if isinstance(data, str) else data)
 
 
 def download(svc: Service, path: str) -> io.BytesIO:
-    return io.BytesIO(svc.read_file(SESSION, path))
+    return io.BytesIO(svc.files.read(SESSION, path))
 
 
 # -- every script -----------------------------------------------------------------------------
@@ -104,7 +104,7 @@ async def test_pdf_extract_text_reads_both_pages(svc: Service) -> None:
     assert re.search(r"--- page 1 ---\nAlpha page speaks first\n.*--- page 2 ---\nBravo", out, re.S)
     await run(svc, "pdf", "extract_text.py", "pdf/form.pdf --pages 2 -o pdf/two.txt")
     assert (
-        svc.read_file(SESSION, "pdf/two.txt").decode()
+        svc.files.read(SESSION, "pdf/two.txt").decode()
         == "--- page 2 ---\nBravo page comes second\n"
     )
 

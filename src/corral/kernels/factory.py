@@ -100,10 +100,11 @@ class KernelFactory:
         *,
         runtime: PythonRuntime | None = None,
         egress: EgressSockets | None = None,
+        on_event: EventHook | None = None,
     ) -> None:
         self.settings = settings
         self.egress = egress
-        self.on_event: EventHook | None = None
+        self.on_event = on_event
         self.runtime = runtime or current_runtime(settings.kernel_runtime)
         self.bwrap = find_bwrap(settings.bwrap)
         self.mechanism = choose_mechanism(settings.limit_mechanism)

@@ -33,7 +33,7 @@ from corral.errors import (
 )
 from corral.kernels.disk_patrol import DiskPatrol
 from corral.kernels.execute import BeforeSend, ExecutionLimits, OutputHook, run_code
-from corral.kernels.factory import EgressSockets, KernelFactory
+from corral.kernels.factory import EgressSockets, EventHook, KernelFactory
 from corral.kernels.limit_hits import attribute_limit, counters
 from corral.kernels.pool import WarmPool
 from corral.kernels.projects import choose_mounts
@@ -64,12 +64,14 @@ class SessionManager:
         settings: Settings,
         *,
         runtime: PythonRuntime | None = None,
+        store: Store | None = None,
         egress: EgressSockets | None = None,
+        on_event: EventHook | None = None,
     ) -> None:
         self.settings = settings
-        self.factory = KernelFactory(settings, runtime=runtime, egress=egress)
+        self.factory = KernelFactory(settings, runtime=runtime, egress=egress, on_event=on_event)
         self.warm = WarmHandOver(self.factory, settings, self._room)
-        self.store = Store(settings.db_path)
+        self.store = store or Store(settings.db_path)
         self.sessions: dict[str, Session] = {}
         self.last_start_failure: str | None = None  # cleared by the next successful start
         self._reaper: asyncio.Task[None] | None = None

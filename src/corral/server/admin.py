@@ -47,7 +47,7 @@ async def delete_session(request: Request) -> Response:
 async def add_skill(request: Request, query: SkillArchiveQuery) -> Response:
     """The body is a skill .zip; `name` (the archive's file name) names a skill whose
     SKILL.md sits at the archive's root. Unpacked with every check of `unpack_skill_zip`."""
-    added = await service_of(request).add_skill(query.name, await request.body())
+    added = await service_of(request).skills.add(query.name, await request.body())
     return JSONResponse(SkillAdded(name=added.name, path=str(added)).model_dump(), status_code=201)
 
 

@@ -256,7 +256,7 @@ async def _fetch_for_compat(request: Request) -> PageResult | str:
     if timeout_s is not None:
         timeout_s = min(timeout_s, service.settings.browser_timeout_s)
     try:
-        return await service.fetch_page(body.url, timeout_s=timeout_s)
+        return await service.browser.fetch(body.url, timeout_s=timeout_s)
     except e.CorralError as exc:
         return texts.fetch_failure_text(exc)
 

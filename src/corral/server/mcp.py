@@ -123,11 +123,11 @@ class _Tools:
         return execution_content(result)
 
     async def list_skills(self) -> str:
-        return texts.skills_text(await self.service.list_skills())
+        return texts.skills_text(await self.service.skills.list())
 
     async def get_skill_info(self, skill_name: SkillName) -> Annotated[CallToolResult, str]:
         try:
-            info = await self.service.skill_info(skill_name)
+            info = await self.service.skills.info(skill_name)
         except CorralError as exc:
             return _refused(texts.skill_error_text(exc))
         return _text_result(texts.skill_info_text(info))
@@ -136,7 +136,7 @@ class _Tools:
         self, skill_name: SkillName, filename: SkillFile
     ) -> Annotated[CallToolResult, str]:
         try:
-            file = await self.service.skill_text_file(skill_name, filename)
+            file = await self.service.skills.text_file(skill_name, filename)
         except CorralError as exc:
             return _refused(texts.skill_error_text(exc))
         return _text_result(texts.skill_file_text(file))
@@ -145,7 +145,7 @@ class _Tools:
         self, url: PageUrl, screenshot: Screenshot = False
     ) -> Annotated[CallToolResult, PageModel]:
         try:
-            page = await self.service.fetch_page(url, screenshot=screenshot)
+            page = await self.service.browser.fetch(url, screenshot=screenshot)
         except CorralError as exc:
             text = texts.fetch_failure_text(exc)
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
@@ -169,12 +169,12 @@ class _Tools:
         self, path: FolderPath = ".", session_id: SessionId = None, recursive: Recursive = False
     ) -> FileListing:
         listing: Listing = _sync_tool_call(
-            lambda: self.service.list_files(session_id, path, recursive=recursive)
+            lambda: self.service.files.list(session_id, path, recursive=recursive)
         )
         return FileListing.model_validate(listing, from_attributes=True)
 
     async def read_file(self, path: FilePath, session_id: SessionId = None) -> str:
-        data: bytes = _sync_tool_call(lambda: self.service.read_file(session_id, path))
+        data: bytes = _sync_tool_call(lambda: self.service.files.read(session_id, path))
         if len(data) > MAX_TEXT_FILE_BYTES:
             raise ToolError(
                 f"{path} is {len(data)} bytes; read_file returns at most "
@@ -189,7 +189,7 @@ class _Tools:
         self, hosts: Hosts, reason: Reason, ctx: Context, session_id: SessionId = None
     ) -> NetworkRequestView:
         made: NetRequest = await _tool_call(
-            self.service.request_network_access(session_id, hosts, reason)
+            self.service.network.request_access(session_id, hosts, reason)
         )
         if self.service.settings.net_elicitation:
             made = await self._ask_user(made, ctx)
@@ -219,9 +219,9 @@ class _Tools:
         except Exception:  # the client cannot elicit: the operator decides later
             return made
         if answer.action == "accept" and isinstance(answer.data, AccessAnswer):
-            return await self.service.decide_network_request(made.id, answer.data.allow)
+            return await self.service.network.decide(made.id, answer.data.allow)
         if answer.action == "decline":
-            return await self.service.decide_network_request(made.id, False)
+            return await self.service.network.decide(made.id, False)
         return made
 
     async def write_file(
@@ -232,7 +232,7 @@ class _Tools:
         base64_encoded: Base64Encoded = False,
     ) -> WriteResult:
         data = _decode_content(content, base64_encoded)
-        entry: FileEntry = _sync_tool_call(lambda: self.service.write_file(session_id, path, data))
+        entry: FileEntry = _sync_tool_call(lambda: self.service.files.write(session_id, path, data))
         return WriteResult(path=entry.path, size_bytes=len(data))
 
 

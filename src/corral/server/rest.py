@@ -342,7 +342,7 @@ def execution_view(execution: Execution, *, with_result: bool) -> dict[str, Any]
     description=PATH_TEXT,
 )
 async def list_files(request: Request, query: q.FilesQuery) -> Listing:
-    return service_of(request).list_files(
+    return service_of(request).files.list(
         request.path_params["id"], query.path, recursive=query.recursive
     )
 
@@ -356,7 +356,7 @@ async def list_files(request: Request, query: q.FilesQuery) -> Listing:
     raw_response=True,
 )
 async def download_file(request: Request, query: q.FileQuery) -> Response:
-    data = service_of(request).read_file(request.path_params["id"], query.path)
+    data = service_of(request).files.read(request.path_params["id"], query.path)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -372,7 +372,7 @@ async def download_file(request: Request, query: q.FileQuery) -> Response:
 )
 async def upload_file(request: Request, query: q.FileQuery) -> FileEntry:
     data = await request.body()
-    return service_of(request).write_file(request.path_params["id"], query.path, data)
+    return service_of(request).files.write(request.path_params["id"], query.path, data)
 
 
 @api(
@@ -384,7 +384,7 @@ async def upload_file(request: Request, query: q.FileQuery) -> FileEntry:
     description=PATH_TEXT,
 )
 async def delete_file(request: Request, query: q.FileDeleteQuery) -> Response:
-    service_of(request).delete_file(
+    service_of(request).files.delete(
         request.path_params["id"], query.path, recursive=query.recursive
     )
     return Response(status_code=204)
@@ -401,7 +401,7 @@ async def delete_file(request: Request, query: q.FileDeleteQuery) -> Response:
     ok=(200, s.AuditPageModel),
 )
 async def admin_audit(request: Request, query: q.AuditQuery) -> dict[str, Any]:
-    page = await service_of(request).audit_page(
+    page = await service_of(request).audit.page(
         kind=query.kind, session=query.session, before_id=query.before_id, limit=query.limit
     )
     return page.to_dict()  # an entry's details are its own fields (AuditEntryModel)
@@ -424,7 +424,7 @@ async def admin_stop_session(request: Request) -> SessionInfo:
     ok=(200, s.SessionLimitsModel),
 )
 async def admin_get_limits(request: Request) -> Response:
-    return JSONResponse(service_of(request).session_limits(request.path_params["id"]).to_dict())
+    return JSONResponse(service_of(request).controls.limits(request.path_params["id"]).to_dict())
 
 
 @api(
@@ -437,7 +437,7 @@ async def admin_get_limits(request: Request) -> Response:
 )
 async def admin_set_limits(request: Request, body: s.LimitsChange) -> Response:
     changes = body.model_dump(exclude_none=True)  # the model refuses nulls and {}
-    report = await service_of(request).set_session_limits(request.path_params["id"], changes)
+    report = await service_of(request).controls.set_limits(request.path_params["id"], changes)
     return JSONResponse(report.to_dict())
 
 
@@ -449,7 +449,9 @@ async def admin_set_limits(request: Request, body: s.LimitsChange) -> Response:
     ok=(200, s.BridgeModel),
 )
 async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> Response:
-    report = await service_of(request).set_bridge(request.path_params["id"], body.ssh_agent)
+    report = await service_of(request).controls.set_bridge(
+        request.path_params["id"], body.ssh_agent
+    )
     return JSONResponse(report.to_dict())
 
 
@@ -461,12 +463,12 @@ async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> Response:
     links=SKILL_LINKS,
 )
 async def list_skills(request: Request) -> SkillListing:
-    return await service_of(request).list_skills()
+    return await service_of(request).skills.list()
 
 
 @api("GET", "/v1/skills/{name}", "A skill and its SKILL.md", ok=(200, s.SkillInfo))
 async def skill_info(request: Request) -> SkillInfo:
-    return await service_of(request).skill_info(request.path_params["name"])
+    return await service_of(request).skills.info(request.path_params["name"])
 
 
 @api(
@@ -478,7 +480,7 @@ async def skill_info(request: Request) -> SkillInfo:
 )
 async def skill_file(request: Request) -> Response:
     params = request.path_params
-    data = await service_of(request).skill_file(params["name"], params["filename"])
+    data = await service_of(request).skills.file(params["name"], params["filename"])
     return Response(data, media_type="application/octet-stream")
 
 
@@ -491,7 +493,7 @@ async def skill_file(request: Request) -> Response:
     extra_errors=FETCH_ERRORS,
 )
 async def browser_fetch(request: Request, body: s.FetchRequest) -> Response:
-    page = await service_of(request).fetch_page(
+    page = await service_of(request).browser.fetch(
         body.url, screenshot=body.screenshot, timeout_s=body.timeout_s
     )
     return JSONResponse(page.to_dict())
@@ -509,7 +511,7 @@ async def browser_fetch(request: Request, body: s.FetchRequest) -> Response:
 )
 async def request_network(request: Request, body: s.NetworkAccessRequest) -> NetRequest:
     """The agent asks for access; the answer comes from the operator, later."""
-    return await service_of(request).request_network_access(
+    return await service_of(request).network.request_access(
         request.path_params["id"], body.hosts, body.reason
     )
 
@@ -521,7 +523,7 @@ async def request_network(request: Request, body: s.NetworkAccessRequest) -> Net
     ok=(200, s.NetworkPolicyModel),
 )
 async def admin_get_network(request: Request) -> Response:
-    return JSONResponse(service_of(request).network_policy(request.path_params["id"]).to_dict())
+    return JSONResponse(service_of(request).network.policy(request.path_params["id"]).to_dict())
 
 
 @api(
@@ -532,7 +534,7 @@ async def admin_get_network(request: Request) -> Response:
     ok=(200, s.NetworkPolicyModel),
 )
 async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> Response:
-    changed = await service_of(request).set_network(
+    changed = await service_of(request).network.set(
         request.path_params["id"], body.mode, body.allow
     )
     return JSONResponse(changed.to_dict())
@@ -546,7 +548,7 @@ async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> R
     ok=(200, s.NetworkPolicyModel),
 )
 async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> Response:
-    changed = await service_of(request).allow_network(request.path_params["id"], body.hosts)
+    changed = await service_of(request).network.allow(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
@@ -558,7 +560,7 @@ async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> 
     ok=(200, s.NetworkPolicyModel),
 )
 async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> Response:
-    changed = await service_of(request).deny_network(request.path_params["id"], body.hosts)
+    changed = await service_of(request).network.deny(request.path_params["id"], body.hosts)
     return JSONResponse(changed.to_dict())
 
 
@@ -572,7 +574,7 @@ async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> R
 async def admin_network_requests(
     request: Request, query: q.NetworkRequestsQuery
 ) -> dict[str, list[NetRequest]]:
-    return {"requests": await service_of(request).network_requests(query.status)}
+    return {"requests": await service_of(request).network.requests(query.status)}
 
 
 @api(
@@ -597,7 +599,7 @@ async def admin_reject_request(request: Request) -> NetRequest:
 
 async def _decide_request(request: Request, *, approve: bool) -> NetRequest:
     request_id = _int_param(request.path_params["rid"], default=0)
-    return await service_of(request).decide_network_request(request_id, approve)
+    return await service_of(request).network.decide(request_id, approve)
 
 
 def _int_param(raw: str | None, default: int) -> int:
