@@ -279,6 +279,11 @@ def test_run_delete_and_skills_add_go_through_the_running_server(
     assert (server.config_dir / "skills" / "mine" / "SKILL.md").is_file()
     with server.client() as http:
         assert "mine" in [skill["name"] for skill in http.get("/v1/skills").json()["skills"]]
+    # The listing is the server's too: the config directory here has no skill "mine".
+    listed = server.corral("skills", "list", env=elsewhere)
+    assert listed.returncode == 0, listed.stderr
+    assert "  - mine: A test skill." in listed.stdout
+    assert not (tmp_path / "other-config" / "skills").exists()
 
 
 def test_serve_raises_its_open_file_limit_to_what_the_account_allows(tmp_path: Path) -> None:

@@ -2,9 +2,10 @@
 
 A thin caller: it parses arguments, calls, and prints; corral errors become a message on
 stderr and a non-zero exit code. Only one process owns a state directory (`corral.owner`):
-commands that read or change sessions go through the running server's HTTP API
-(`corral.remote`; `corral --url URL` names one), and open a `Service` of their own only when
-no server runs, which then holds the state's lock itself.
+commands that read or change sessions, the audit log or skills go through the running
+server's HTTP API (`corral.remote`; `corral --url URL` names one). When no server runs,
+they act on the state through `corral.offline`, the one module that does; `serve` and
+`mcp-stdio` alone run a service of their own, which holds the state's lock.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import base64
 import ipaddress
 import json
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -24,9 +24,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from corral import __version__
-from corral.audit import KINDS, AuditLog
-from corral.browser.fetch import PageResult
+from corral import __version__, offline
+from corral.audit import KINDS
 from corral.clients import RENDERERS, client_config
 from corral.config import Settings
 from corral.doctor import run_checks, status_markup
@@ -38,12 +37,9 @@ from corral.remote import Remote, connect, discover
 from corral.sandbox.limits import format_size
 from corral.server import admin, rest
 from corral.server.operation import Handler, wire
-from corral.server.schemas import ExecutionResultModel
+from corral.server.schemas import ExecutionResultModel, SkillList
 from corral.service import Service
-from corral.skills import PUBLIC_DIR, user_dir
-from corral.skills.archive import unpack_skill_zip
-from corral.skills.catalog import SkillCatalog
-from corral.store import Store
+from corral.skills import user_dir
 from corral.texts import skills_text
 from corral.tokens import Role, TokenError, Tokens, load_tokens, token_path
 
@@ -121,9 +117,7 @@ def run(
     if remote is not None:
         result = _guarded(lambda: remote.run_once(source, language, timeout_s))
     else:
-        with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
-            settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
-            result = _call(_run_once(settings, source, language, timeout_s))
+        result = _call(offline.run_once(_settings(), source, language, timeout_s))
     if as_json:
         click.echo(json.dumps(wire(ExecutionResultModel, result), indent=2))
     else:
@@ -142,9 +136,7 @@ def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: b
     if remote is not None:
         page = _guarded(lambda: remote.fetch_page(url, screenshot is not None, timeout_s))
     else:
-        with tempfile.TemporaryDirectory(prefix="corral-fetch-") as tmp:
-            settings = replace(_one_shot_settings(), state_dir=Path(tmp) / "state")
-            page = _call(_fetch_once(settings, url, screenshot is not None, timeout_s))
+        page = _call(offline.fetch_once(_settings(), url, screenshot is not None, timeout_s))
     if screenshot is not None and page.screenshot_png is not None:
         screenshot.write_bytes(page.screenshot_png)
     if as_json:
@@ -154,21 +146,6 @@ def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: b
     click.echo(page.text)
     for note in page.notes():
         err.print(f"[corral] {note}", markup=False, highlight=False)
-
-
-async def _fetch_once(
-    settings: Settings, url: str, screenshot: bool, timeout_s: float | None
-) -> PageResult:
-    async with Service(settings) as service:
-        return await service.browser.fetch(url, screenshot=screenshot, timeout_s=timeout_s)
-
-
-async def _run_once(
-    settings: Settings, code: str, language: str, timeout_s: float | None
-) -> ExecutionResult:
-    async with Service(settings) as service:
-        await service.create_session("run")
-        return await service.execute(code, session_id="run", language=language, timeout_s=timeout_s)
 
 
 def _print_result(result: ExecutionResult) -> None:
@@ -210,7 +187,7 @@ def sessions_list(as_json: bool) -> None:
         rows = _guarded(lambda: remote.invoke(rest.list_sessions))["sessions"]
         where = remote.url
     else:
-        rows = [record.__dict__ for record in _store().all()]
+        rows = offline.stored_sessions(_settings())
         where = str(_settings().state_dir)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -241,7 +218,7 @@ def sessions_delete(session_id: str) -> None:
     if remote is not None:
         _guarded(lambda: remote.invoke(admin.delete_session, {"id": session_id}))
     else:
-        _call(_with_service(lambda service: service.delete_session(session_id, actor="admin")))
+        _call(offline.delete_session(_settings(), session_id))
     click.echo(f"{session_id}: deleted")
 
 
@@ -425,7 +402,7 @@ def audit(
         params = {**query, "limit": limit}
         page = _guarded(lambda: remote.invoke(rest.admin_audit, query=params))
     else:
-        page = _read_audit(limit=limit, **query)
+        page = _guarded(lambda: offline.audit_page(_settings(), limit=limit, **query))
     if as_json:
         click.echo(json.dumps(page, indent=2))
         return
@@ -447,17 +424,6 @@ def audit(
     out.print(table)
     if page["next_before_id"] is not None:
         out.print(f"more: corral audit --before-id {page['next_before_id']}")
-
-
-def _read_audit(**query: Any) -> dict[str, Any]:
-    """The audit page straight from the database (no server runs)."""
-    log = AuditLog(_settings().db_path)
-    try:
-        return log.query(**query).to_dict()
-    except CorralError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        log.close()
 
 
 @main.group()
@@ -536,8 +502,14 @@ def skills_path() -> None:
 
 @skills.command("list")
 def skills_list() -> None:
-    """List every skill (unpacking .zip files waiting in your folder first)."""
-    click.echo(skills_text(_catalog().listing()))
+    """List every skill (unpacking .zip files waiting in your folder first): the running
+    server's listing, else read here."""
+    remote = _running_server()
+    if remote is not None:
+        listed = _guarded(lambda: remote.invoke(rest.list_skills))
+        click.echo(skills_text(SkillList.model_validate(listed)))
+    else:
+        click.echo(skills_text(offline.skill_listing(_settings())))
 
 
 @skills.command("add")
@@ -554,17 +526,8 @@ def skills_add(archive: Path) -> None:
         added = _guarded(lambda: remote.invoke(admin.add_skill, query=name, content=data))
         click.echo(f"added skill {added['name']} ({added['path']})")
         return
-    folder = user_dir(_settings().config_dir)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        added = unpack_skill_zip(archive, folder)
-    except InvalidInput as exc:
-        raise click.ClickException(str(exc)) from exc
+    added = _guarded(lambda: offline.add_skill(_settings(), archive))
     click.echo(f"added skill {added.name} ({added})")
-
-
-def _catalog() -> SkillCatalog:
-    return SkillCatalog(PUBLIC_DIR, user_dir(_settings().config_dir))
 
 
 @main.group()
@@ -743,11 +706,6 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def _with_service(action: Any) -> Any:
-    async with Service(_one_shot_settings()) as service:
-        return await action(service)
-
-
 def _call(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
@@ -756,21 +714,11 @@ def _call(coro: Any) -> Any:
         sys.exit(EXIT_CORRAL_ERROR)
 
 
-def _one_shot_settings() -> Settings:
-    """Settings for a command that runs once and exits: no warm pool, whose kernels would
-    only start to be stopped again."""
-    return replace(_settings(), pool_size=0)
-
-
 def _settings() -> Settings:
     try:
         return Settings.from_env()
     except InvalidInput as exc:
         raise click.UsageError(str(exc)) from exc
-
-
-def _store() -> Store:
-    return Store(_settings().db_path)
 
 
 def _when(epoch: float) -> str:

@@ -8,10 +8,13 @@ form is pinned by the MCP and compat tests; change one only on purpose.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from corral.browser.fetch import PageResult
 from corral.errors import CorralError, NotFound
 from corral.kernels.results import ExecutionResult, refusal_note
-from corral.skills.catalog import SOURCES, SkillEntry, SkillFile, SkillInfo, SkillListing
+from corral.skills.catalog import SOURCES, SkillFile, SkillInfo
 
 NO_OUTPUT = "[Execution successful with no output]"
 RULE = "=" * 80
@@ -105,7 +108,34 @@ def fetch_failure_text(exc: CorralError) -> str:
 # -- skills --------------------------------------------------------------------------------
 
 
-def skills_text(listing: SkillListing) -> str:
+class ListedSkill(Protocol):
+    """A skill as listed: the catalog's entry, or the API's (`corral skills list`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def problem(self) -> str | None: ...
+
+
+class SetAsideArchive(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+
+class Listed(Protocol):
+    @property
+    def skills(self) -> Sequence[ListedSkill]: ...
+    @property
+    def set_aside(self) -> Sequence[SetAsideArchive]: ...
+
+
+def skills_text(listing: Listed) -> str:
     """The list_skills() text; a skill with a problem says what it is, then set-asides."""
     lines = ["Available Skills:", ""]
     for source in SOURCES:
@@ -144,7 +174,7 @@ def skill_error_text(exc: CorralError) -> str:
     return f"Error: {exc}{hint}"
 
 
-def _list_line(entry: SkillEntry) -> str:
+def _list_line(entry: ListedSkill) -> str:
     if entry.problem:
         return f"  - {entry.name}: (not usable: {entry.problem})"
     return f"  - {entry.name}: {' '.join(entry.description.split())}"
