@@ -43,7 +43,7 @@ async def overshoot(manager: SessionManager, code: str) -> tuple[float, float]:
     await manager.create(session_id)
     try:
         started = time.perf_counter()
-        result = await manager.execute(manager.session_for(session_id), code, timeout_s=60)
+        result = await manager.calls.execute(manager.session_for(session_id), code, timeout_s=60)
         elapsed = time.perf_counter() - started
         if result.limit != "disk":
             raise RuntimeError(f"the writer was not stopped by the disk limit: {result.text()}")

@@ -66,7 +66,7 @@ async def corral_footprint(manager: SessionManager, settle_s: float) -> Footprin
         await manager.create(session_id)
         await corral_round_trip(manager, session_id)
         idle = await _settled(sandbox_pid(manager, session_id), settle_s)
-        result = await manager.execute(manager.session_for(session_id), WORKLOAD)
+        result = await manager.calls.execute(manager.session_for(session_id), WORKLOAD)
         if not result.ok or result.kernel_restarted:
             raise RuntimeError(f"corral's workload ended {result.status}: {result.text()}")
         return Footprint(idle, await _settled(sandbox_pid(manager, session_id), settle_s))

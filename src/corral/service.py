@@ -110,6 +110,11 @@ class Service:
             self.sessions, self.sessions.factory.mechanism.name, self.audit
         )
 
+    @property
+    def kernel_start_failure(self) -> str | None:
+        """Why the last kernel start failed, until one succeeds (for `/health`)."""
+        return self.sessions.kernels.last_start_failure
+
     async def __aenter__(self) -> Service:
         self.owner.acquire()  # raises StateOwned before anything of the owner's is touched
         try:
@@ -133,7 +138,7 @@ class Service:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.sessions.begin_shutdown()  # queued calls are refused, not run on a closed service
+        self.sessions.calls.begin_shutdown()  # queued calls refused, not run on a closed service
         await self.sessions.close()
         await self._wait_for_executions()
         await self.egress.close()
@@ -167,7 +172,7 @@ class Service:
         session = self.sessions.session_for(session_id, resume=resume)
         execution = Execution(
             functools.partial(self._run, session, call),
-            self.sessions.cancel,
+            self.sessions.calls.cancel,
             session_id=session.id,
             keep_bytes=self.settings.max_output_bytes,
             on_end=self.executions.ended,
@@ -178,7 +183,7 @@ class Service:
     async def _run(self, session: Session, call: Call, execution: Execution) -> ExecutionResult:
         """The execution's whole call: its turn in the session's queue, the kernel, the
         audit entry written before the code is sent and completed once it ended."""
-        result = await self.sessions.execute(
+        result = await self.sessions.calls.execute(
             session,
             call.code,
             language=call.language,
@@ -253,7 +258,7 @@ class Service:
     def begin_shutdown(self) -> None:
         """The server is stopping: interrupt running calls, refuse queued and new ones, and
         end the session event streams (so that no connection holds the shutdown up)."""
-        self.sessions.begin_shutdown()
+        self.sessions.calls.begin_shutdown()
         self.session_events.close()
 
     async def _wait_for_executions(self) -> None:

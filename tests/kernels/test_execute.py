@@ -230,7 +230,7 @@ async def test_a_died_result_keeps_what_was_printed_before_the_kernel_died(
             await asyncio.sleep(0.05)
 
     session = service.sessions.session_for("last-words")
-    result = await service.sessions.execute(session, code, on_output=slow_reader)
+    result = await service.sessions.calls.execute(session, code, on_output=slow_reader)
     assert held
     assert result.status == "died"
     assert result.stdout == "first\nsecond\n"

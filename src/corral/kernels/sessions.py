@@ -15,7 +15,6 @@ import contextlib
 import gc
 import logging
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -23,21 +22,17 @@ from typing import Any
 from corral.config import Settings
 from corral.errors import (
     InvalidInput,
-    KernelStartFailed,
-    KernelUnreachable,
     SessionClosed,
     SessionExists,
     SessionNotFound,
-    ShuttingDown,
     TooManySessions,
 )
+from corral.kernels.calls import CallRunner
 from corral.kernels.disk_patrol import DiskPatrol
-from corral.kernels.execute import BeforeSend, ExecutionLimits, OutputHook, run_code
 from corral.kernels.factory import EgressSockets, EventHook, KernelFactory
-from corral.kernels.limit_hits import attribute_limit, counters
 from corral.kernels.pool import WarmPool
 from corral.kernels.projects import choose_mounts
-from corral.kernels.results import ExecutionResult, NetRefusal
+from corral.kernels.results import NetRefusal
 from corral.kernels.session import DEFAULT_SESSION as DEFAULT_SESSION
 from corral.kernels.session import Session as Session
 from corral.kernels.session import SessionInfo as SessionInfo
@@ -45,6 +40,7 @@ from corral.kernels.session import check_timeout as check_timeout
 from corral.kernels.session import new_session_id
 from corral.kernels.session import validate_language as validate_language
 from corral.kernels.session import validate_session_id as validate_session_id
+from corral.kernels.starter import KernelStarter
 from corral.kernels.warm import WarmHandOver, WarmSession
 from corral.sandbox.profile import SessionPaths
 from corral.sandbox.runtime import PythonRuntime
@@ -73,11 +69,12 @@ class SessionManager:
         self.warm = WarmHandOver(self.factory, settings, self._room)
         self.store = store or Store(settings.db_path)
         self.sessions: dict[str, Session] = {}
-        self.last_start_failure: str | None = None  # cleared by the next successful start
+        self.kernels = KernelStarter(
+            self.factory, self.warm, settings.max_sessions, self._room, self._save
+        )
+        self.calls = CallRunner(self.kernels, settings, self.sessions.values, self._touch)
         self._reaper: asyncio.Task[None] | None = None
-        self.disk_patrol = DiskPatrol(lambda: list(self.sessions.values()), self._drop_lost_kernel)
-        self.closing = False  # set by begin_shutdown: no new execution starts
-        self._interrupts: set[asyncio.Task[bool]] = set()
+        self.disk_patrol = DiskPatrol(lambda: list(self.sessions.values()), self.kernels.drop_lost)
 
     @property
     def pool(self) -> WarmPool[WarmSession]:
@@ -141,7 +138,7 @@ class SessionManager:
             raise SessionExists(session_id)
         chosen = choose_mounts(mounts, self.factory.mounts)
         if start:
-            self._check_capacity()
+            self.kernels.check_capacity()
         session = await self._register(session_id)
         try:
             if chosen:
@@ -173,7 +170,7 @@ class SessionManager:
         return session.info()
 
     async def _open(self, session: Session) -> None:
-        await self._ensure_kernel(session, "python")
+        await self.kernels.ensure(session, "python")
         session.open = True
 
     def get(self, session_id: str) -> SessionInfo:
@@ -200,7 +197,7 @@ class SessionManager:
         async with session.lock:
             await self.factory.stop_kernels(session)
             for language in languages:
-                await self._ensure_kernel(session, language)
+                await self.kernels.ensure(session, language)
         return session.info()
 
     async def delete(self, session_id: str) -> None:
@@ -217,197 +214,10 @@ class SessionManager:
         await self.store.run(self.store.delete, session.id)
         shutil.rmtree(self.settings.sessions_dir / session.id, ignore_errors=True)
 
-    # -- execution -----------------------------------------------------------------------
-
-    async def execute(
-        self,
-        session: Session,
-        code: str,
-        *,
-        language: str = "python",
-        timeout_s: float | None = None,
-        on_output: OutputHook | None = None,
-        before_send: BeforeSend | None = None,
-    ) -> ExecutionResult:
-        """Run `code` in `session` (from `session_for`), after its earlier calls; the
-        language and the timeout were checked by the caller (`Service.start_execution`).
-
-        `before_send` is called once, just before the code goes to the kernel; what it
-        raises stops the call there, with nothing sent.
-        """
-        queued = time.monotonic()
-        async with session.turn():
-            if self.closing:
-                raise ShuttingDown(
-                    "the server is shutting down and did not run this code; send it again "
-                    "once the server is back"
-                )
-            session.current_call = (_current_task(), language)
-            try:
-                return await self._execute_locked(
-                    session, code, language, timeout_s, (on_output, before_send), queued
-                )
-            finally:
-                session.current_call = None
-
-    async def _execute_locked(
-        self,
-        session: Session,
-        code: str,
-        language: str,
-        timeout_s: float | None,
-        hooks: tuple[OutputHook | None, BeforeSend | None],
-        queued: float,
-    ) -> ExecutionResult:
-        result = ExecutionResult(language=language, session_id=session.record.id)
-        result.queued_s = time.monotonic() - queued
-        restarted = await self._kernel_for_call(session, language)
-        session.open = True
-        limits = self.limits_for(timeout_s, session)
-        session.disk.begin()
-        before = counters(session.box)
-        session.refused = []
-        try:
-            outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
-        except KernelUnreachable:
-            # Nothing was sent: it is safe to try once more on a fresh kernel.
-            await self._replace_kernel(session, language)
-            restarted = True
-            outcome = await run_code(session.kernels[language], code, limits, result, *hooks)
-        finally:
-            result.network_refused, session.refused = session.refused or [], None
-        session.disk.ended()
-        outcome.result.limit = outcome.result.limit or session.disk.stopped()
-        attribute_limit(outcome.result, before, counters(session.box), session.limits)
-        if not outcome.kernel_usable:
-            await self._after_kernel_loss(session, language, outcome.result)
-        outcome.result.kernel_restarted = outcome.result.kernel_restarted or restarted
-        if session.notes:
-            _add_notes(outcome.result, session.notes)
-            session.notes = []
-        if self.closing and outcome.result.status == "interrupted":
-            note = "interrupted because the server is shutting down"
-            message = outcome.result.message
-            outcome.result.message = f"{note}; {message}" if message else note
-        self._touch(session)
-        return outcome.result
-
-    def begin_shutdown(self) -> None:
-        """Refuse executions not yet started and interrupt the running ones, which then end
-        with their result (status interrupted) before the server closes."""
-        self.closing = True
-        for session in self.sessions.values():
-            call = session.current_call
-            kernel = session.kernels.get(call[1]) if call is not None else None
-            if kernel is not None:
-                task = asyncio.create_task(kernel.interrupt())
-                self._interrupts.add(task)
-                task.add_done_callback(self._interrupts.discard)
-
-    async def cancel(self, task: asyncio.Future[Any]) -> None:
-        """Stop an `execute` call whose caller went away.
-
-        Still queued, or its kernel still starting: nothing was sent, so the call is
-        cancelled. Running: the kernel is interrupted and the call ends with its result as
-        usual.
-        """
-        for session in self.sessions.values():
-            call = session.current_call
-            if call is not None and call[0] is task:
-                kernel = session.kernels.get(call[1])
-                if kernel is not None and not session.starting:
-                    await kernel.interrupt()
-                    return
-                break
-        task.cancel()
-
-    def limits_for(
-        self, timeout_s: float | None, session: Session | None = None
-    ) -> ExecutionLimits:
-        """The limits of one execution: a timeout past the session's cap is cut to the cap
-        (the result says so if it strikes); the timeout was checked (`check_timeout`)."""
-        limits = session.limits if session is not None else self.settings.limits
-        cap = limits.exec_timeout_s
-        return ExecutionLimits(
-            timeout_s=min(timeout_s or cap, cap),
-            asked_s=timeout_s if timeout_s is not None and timeout_s > cap else None,
-            grace_s=self.settings.interrupt_grace_s,
-            max_output_bytes=limits.output_bytes,
-            guard=session.disk if session is not None else None,
-        )
-
-    async def _drop_lost_kernel(self, session: Session, language: str) -> None:
-        """Stop a kernel the server had to end; the next call says it was restarted."""
-        await self.factory.drop_kernel(session, language)
-        session.lost.add(language)
-
-    async def _after_kernel_loss(
-        self, session: Session, language: str, result: ExecutionResult
-    ) -> None:
-        """A dead kernel is cleared (the next call starts a fresh one); a stuck one replaced."""
-        if result.status == "died":
-            await self._drop_lost_kernel(session, language)
-            return
-        await self._replace_kernel(session, language)
-        result.kernel_restarted = True
-
-    # -- kernels -------------------------------------------------------------------------
-
-    async def _ensure_kernel(self, session: Session, language: str) -> bool:
-        """Make sure a live kernel runs; True when one had to be (re)started after a loss."""
-        kernel = session.kernels.get(language)
-        if kernel is not None and await kernel.is_alive():
-            return False
-        lost = kernel is not None or language in session.lost
-        if kernel is not None:
-            await self.factory.drop_kernel(session, language)
-        await self._start_kernel(session, language)
-        session.lost.discard(language)
-        return lost
-
-    async def _kernel_for_call(self, session: Session, language: str) -> bool:
-        """A kernel for a call, started when there is none; True when that replaces one the
-        session lost. A kernel that died is found by `run_code`, which asks once, just
-        before the code would be sent (`KernelUnreachable`)."""
-        if language in session.kernels:
-            return False
-        lost = language in session.lost
-        await self._start_kernel(session, language)
-        session.lost.discard(language)
-        return lost
-
-    async def _replace_kernel(self, session: Session, language: str) -> None:
-        await self.factory.drop_kernel(session, language)
-        await self._start_kernel(session, language)
-
-    async def _start_kernel(self, session: Session, language: str) -> None:
-        if not session.running:
-            self._check_capacity()
-        session.starting = True
-        try:
-            if not await self.warm.take(session, language):
-                await self.factory.launch(session, language)
-            session.disk.rebase()  # what was there before the start is no growth
-            session.failed = self.last_start_failure = None
-        except Exception as exc:
-            session.failed = str(exc)
-            if isinstance(exc, KernelStartFailed):
-                self.last_start_failure = str(exc)
-            raise
-        finally:
-            session.starting = False
-            if not session.kernels:
-                await self.factory.close_run(session)
-            self._save(session)
-
     def _room(self) -> int:
         """How many more sessions may run (the warm pool fills no further)."""
         running = sum(1 for session in self.sessions.values() if session.running)
         return self.settings.max_sessions - running
-
-    def _check_capacity(self) -> None:
-        if self._room() <= 0:
-            raise TooManySessions(self.settings.max_sessions)
 
     # -- idle ------------------------------------------------------------------------------
 
@@ -503,16 +313,3 @@ class SessionManager:
         next start anyway, so the caller's action stands."""
         session.record.state = session.state
         self.store.later(self.store.put, replace(session.record))
-
-
-def _current_task() -> asyncio.Task[Any]:
-    task = asyncio.current_task()
-    if task is None:
-        raise RuntimeError("execute must run inside an asyncio task")
-    return task
-
-
-def _add_notes(result: ExecutionResult, notes: list[str]) -> None:
-    """Tell the agent, once, what happened to its session since the last result."""
-    note = "; ".join(notes)
-    result.message = f"{result.message}; {note}" if result.message else note

@@ -36,7 +36,7 @@ class Health:
 @api("GET", "/health", "Liveness and what works", ok=(200, s.HealthModel), open=True)
 async def health(request: Request) -> Response:
     failures = dict(request.app.state.health.failures)
-    last_failure = service_of(request).sessions.last_start_failure
+    last_failure = service_of(request).kernel_start_failure
     if last_failure:
         failures["kernels"] = last_failure
     body = {
