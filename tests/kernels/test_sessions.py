@@ -138,7 +138,7 @@ async def test_an_idle_reap_keeps_a_session_open(settings: Settings) -> None:
     async with Service(replace(settings, idle_timeout_s=0.5)) as service:
         await service.create_session("nap")
         service.sessions.sessions["nap"].record.last_used_at = time.time() - 10
-        assert await service.sessions.reap_idle() == ["nap"]
+        assert await service.sessions.reaper.reap_idle() == ["nap"]
         assert service.get_session("nap").open
         result = await service.execute("1", session_id="nap", resume=False)
         assert result.status == "ok"
@@ -149,7 +149,7 @@ async def test_idle_timeout_stops_kernels_but_keeps_the_workspace(settings: Sett
         await service.create_session("idle")
         await service.execute("open('/workspace/f.txt','w').write('kept')", session_id="idle")
         service.sessions.sessions["idle"].record.last_used_at = time.time() - 10
-        assert await service.sessions.reap_idle() == ["idle"]
+        assert await service.sessions.reaper.reap_idle() == ["idle"]
         assert service.get_session("idle").state == "stopped"
         result = await service.execute("open('/workspace/f.txt').read()", session_id="idle")
         assert result.results == [{"text/plain": "'kept'"}]

@@ -29,7 +29,7 @@ class ControlService:
         bad value, `LimitRefused` when the kernel refuses."""
         session = self.sessions.session_for(session_id)
         live = change_limits(session, changes)
-        await self.sessions.save_options(session)
+        await self.sessions.records.save_options(session)
         self.trail.admin("set_limits", session_id, {"changes": changes})
         return replace(
             limits_report(session, self.mechanism),
@@ -42,6 +42,6 @@ class ControlService:
         session's kernels next start; the report says whether a restart is needed."""
         session = self.sessions.session_for(session_id)
         report = switch_bridge(session, enabled)
-        await self.sessions.save_options(session)
+        await self.sessions.records.save_options(session)
         self.trail.admin("set_bridge", session_id, {"ssh_agent": enabled})
         return report

@@ -1,27 +1,24 @@
-"""The session registry: every session of one server, its queue, and its kernels' lives.
+"""The session registry: every session of one server, by id, and what happens to it.
 
-A session's metadata is stored, so it is listed after a server restart (as stopped) and
-resumes on first use with the same workspace and installed packages. Executions in one
-session run one at a time, in arrival order (its lock); sessions run in parallel. The
-registry decides when kernels start, stop, restart or are reaped when idle; the kernel
-factory (`corral.kernels.factory`) builds them, and the warm pool (`corral.kernels.warm`)
-hands ready ones to fresh sessions.
+A session's metadata is stored (`corral.kernels.records`), so it is listed after a server
+restart (as stopped) and resumes on first use with the same workspace and installed
+packages. The registry creates, starts, stops, restarts and deletes sessions; it builds
+the parts that act on them and gives each what it needs: `kernels` starts kernels within
+the session cap (`corral.kernels.starter`), taking ready ones from the warm pool
+(`corral.kernels.warm`) that the kernel factory (`corral.kernels.factory`) fills; `calls`
+runs code, one call at a time per session in arrival order (`corral.kernels.calls`);
+`reaper` stops idle kernels (`corral.kernels.reaper`); the disk patrol watches workspaces.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
-import shutil
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
 
 from corral.config import Settings
 from corral.errors import (
-    InvalidInput,
     SessionClosed,
     SessionExists,
     SessionNotFound,
@@ -32,6 +29,8 @@ from corral.kernels.disk_patrol import DiskPatrol
 from corral.kernels.factory import EgressSockets, EventHook, KernelFactory
 from corral.kernels.pool import WarmPool
 from corral.kernels.projects import choose_mounts
+from corral.kernels.reaper import IdleReaper
+from corral.kernels.records import SessionRecords
 from corral.kernels.results import NetRefusal
 from corral.kernels.session import DEFAULT_SESSION as DEFAULT_SESSION
 from corral.kernels.session import Session as Session
@@ -42,9 +41,8 @@ from corral.kernels.session import validate_language as validate_language
 from corral.kernels.session import validate_session_id as validate_session_id
 from corral.kernels.starter import KernelStarter
 from corral.kernels.warm import WarmHandOver, WarmSession
-from corral.sandbox.profile import SessionPaths
 from corral.sandbox.runtime import PythonRuntime
-from corral.store import SessionRecord, Store, now
+from corral.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +66,18 @@ class SessionManager:
         self.factory = KernelFactory(settings, runtime=runtime, egress=egress, on_event=on_event)
         self.warm = WarmHandOver(self.factory, settings, self._room)
         self.store = store or Store(settings.db_path)
+        self.records = SessionRecords(self.store, settings)
         self.sessions: dict[str, Session] = {}
         self.kernels = KernelStarter(
-            self.factory, self.warm, settings.max_sessions, self._room, self._save
+            self.factory, self.warm, settings.max_sessions, self._room, self.records.save
         )
-        self.calls = CallRunner(self.kernels, settings, self.sessions.values, self._touch)
-        self._reaper: asyncio.Task[None] | None = None
+        self.calls = CallRunner(self.kernels, settings, self.sessions.values, self.records.touch)
+        self.reaper = IdleReaper(
+            self.sessions.values,
+            self.factory.stop_kernels,
+            self.records.save,
+            interval_s=min(60.0, max(1.0, settings.idle_timeout_s / 4)),
+        )
         self.disk_patrol = DiskPatrol(lambda: list(self.sessions.values()), self.kernels.drop_lost)
 
     @property
@@ -84,17 +88,12 @@ class SessionManager:
         """Load stored sessions (all stopped now) and start the idle reaper."""
         await self.factory.prepare()
         try:
-            self.settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.store.mark_all_stopped()
-            options = self.store.options()
-            for record in self.store.all():
-                record.state = "stopped"
-                self.sessions[record.id] = self._session(record, options.get(record.id, {}))
+            self.sessions.update((session.id, session) for session in self.records.load())
             await self.warm.open()
         except BaseException:
             self.factory.close()  # its janitor leaves: nothing was started yet
             raise
-        self._reaper = asyncio.create_task(self._reap_forever(), name="corral-idle-reaper")
+        self.reaper.start()
         # What exists now (modules, classes, the runtime's objects) lives as long as the
         # process: moved out of the collector's reach, so a full collection walks only what
         # came later. Over the whole heap one took 90 ms, in whichever thread it fell: long
@@ -106,14 +105,11 @@ class SessionManager:
         """Stop every kernel; workspaces and records stay."""
         await self.warm.close()
         await self.disk_patrol.close()
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        await self.reaper.close()
         await asyncio.gather(*(self.factory.stop_kernels(s) for s in self.sessions.values()))
         await self.factory.fonts.close()
         for session in self.sessions.values():
-            self._save(session)
+            self.records.save(session)
         await asyncio.to_thread(self.store.close)  # after the writes queued
         self.factory.close()
 
@@ -143,7 +139,7 @@ class SessionManager:
         try:
             if chosen:
                 session.options["mounts"] = chosen
-                await self.store.run(self.store.put_options, session_id, session.options)
+                await self.records.save_options(session)
             if start:
                 await self._open(session)
         except TooManySessions:  # another start took the last place meanwhile
@@ -187,7 +183,7 @@ class SessionManager:
             raise SessionNotFound(session_id)
         session.open = False
         await self.factory.stop_kernels(session)
-        self._save(session)
+        self.records.save(session)
         return session.info()
 
     async def restart(self, session_id: str) -> SessionInfo:
@@ -211,32 +207,12 @@ class SessionManager:
         if self.factory.egress is not None:
             await self.factory.egress.forget(session.id)
         self.sessions.pop(session.id, None)
-        await self.store.run(self.store.delete, session.id)
-        shutil.rmtree(self.settings.sessions_dir / session.id, ignore_errors=True)
+        await self.records.forget(session.id)
 
     def _room(self) -> int:
         """How many more sessions may run (the warm pool fills no further)."""
         running = sum(1 for session in self.sessions.values() if session.running)
         return self.settings.max_sessions - running
-
-    # -- idle ------------------------------------------------------------------------------
-
-    async def reap_idle(self) -> list[str]:
-        """Stop the kernels of sessions unused for longer than the idle timeout."""
-        stopped = []
-        for session in list(self.sessions.values()):
-            idle = session.kernels and not session.lock.locked() and not session.starting
-            if idle and session.record.last_used_at < now() - session.limits.idle_timeout_s:
-                await self.factory.stop_kernels(session)
-                self._save(session)
-                stopped.append(session.record.id)
-        return stopped
-
-    async def _reap_forever(self) -> None:
-        interval = min(60.0, max(1.0, self.settings.idle_timeout_s / 4))
-        while True:
-            await asyncio.sleep(interval)
-            await self.reap_idle()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -252,19 +228,13 @@ class SessionManager:
         Raises `SessionNotFound`, or `SessionClosed` for a named session that was stopped
         when `resume` is False."""
         if session_id is None:
-            if DEFAULT_SESSION not in self.sessions:
-                # Made on first use, anywhere: its record is stored without waiting (a
-                # refusal is logged, and it is stored again at its next change).
-                self.store.later(self.store.put, self._add(DEFAULT_SESSION))
+            if DEFAULT_SESSION not in self.sessions:  # made on first use, anywhere
+                self.sessions[DEFAULT_SESSION] = self.records.made_now(DEFAULT_SESSION)
             return self.sessions[DEFAULT_SESSION]
         session = self._get(session_id)
         if not resume and not session.open:
             raise SessionClosed(session_id)
         return session
-
-    async def save_options(self, session: Session) -> None:
-        """Store what the operator chose for `session` (limit changes, mounts, bridge)."""
-        await self.store.run(self.store.put_options, session.id, session.options)
 
     def _get(self, session_id: str) -> Session:
         session = self.sessions.get(validate_session_id(session_id))
@@ -273,43 +243,8 @@ class SessionManager:
         return session
 
     async def _register(self, session_id: str) -> Session:
-        created = now()
-        record = SessionRecord(session_id, created, created, "stopped")
-        # First: a refused write leaves no half-made session.
-        await self.store.run(self.store.put, record)
+        record = await self.records.stored_new(session_id)
         if session_id in self.sessions:  # made meanwhile, by a call that did not wait
             raise SessionExists(session_id)
-        self._add(session_id, record)
-        return self.sessions[session_id]
-
-    def _add(self, session_id: str, record: SessionRecord | None = None) -> SessionRecord:
-        """Hold a new session in memory (its record stored by the caller); its record."""
-        if record is None:
-            created = now()
-            record = SessionRecord(session_id, created, created, "stopped")
-        session = self._session(record, {})
-        session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.sessions[session_id] = session
-        return record
-
-    def _session(self, record: SessionRecord, options: dict[str, Any]) -> Session:
-        limits = self.settings.limits
-        with contextlib.suppress(InvalidInput):  # a stored value no longer valid: defaults
-            limits = limits.changed(options.get("limits", {}))
-        return Session(record, self._paths(record.id), limits, options)
-
-    def _paths(self, session_id: str) -> SessionPaths:
-        root = self.settings.sessions_dir / session_id
-        return SessionPaths(workspace=root / "workspace", env=root / "env")
-
-    def _touch(self, session: Session) -> None:
-        # Kept in memory on the hot path; written with the next state change or at close.
-        session.record.last_used_at = now()
-
-    def _save(self, session: Session) -> None:
-        """Store the session's state, without waiting (a copy of its record, in the store's
-        thread). A refused write (database locked, disk full) is logged: the record is
-        written again at its next change and at close, and every session is stopped at the
-        next start anyway, so the caller's action stands."""
-        session.record.state = session.state
-        self.store.later(self.store.put, replace(session.record))
+        session = self.sessions[session_id] = self.records.make(record)
+        return session
