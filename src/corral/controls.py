@@ -2,7 +2,8 @@
 
 `Service` applies the changes (and audits them); this module holds what it answers, typed,
 and the rules that are not the service's plumbing: which changed limits apply at once.
-The REST routes serialise the reports with `to_dict()`, whose shapes the CLI reads.
+The REST routes answer them in their models' shapes (`corral.server.schemas`), which the
+CLI reads.
 """
 
 from __future__ import annotations
@@ -70,9 +71,6 @@ class BridgeReport:
     ssh_agent: bool
     active: bool
     restart_needed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def limits_report(session: Session, mechanism: str) -> LimitsReport:

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from corral.controls import BridgeReport
 from corral.errors import InvalidInput
 from corral.execution import Execution
 from corral.files import FileEntry, Listing
@@ -423,8 +424,8 @@ async def admin_stop_session(request: Request) -> SessionInfo:
     "A session's limits, what enforces them and its usage (admin)",
     ok=(200, s.SessionLimitsModel),
 )
-async def admin_get_limits(request: Request) -> Response:
-    return JSONResponse(service_of(request).controls.limits(request.path_params["id"]).to_dict())
+async def admin_get_limits(request: Request) -> dict[str, Any]:
+    return service_of(request).controls.limits(request.path_params["id"]).to_dict()
 
 
 @api(
@@ -435,10 +436,10 @@ async def admin_get_limits(request: Request) -> Response:
     ok=(200, s.SessionLimitsModel),
     description=LIMITS_TEXT,
 )
-async def admin_set_limits(request: Request, body: s.LimitsChange) -> Response:
+async def admin_set_limits(request: Request, body: s.LimitsChange) -> dict[str, Any]:
     changes = body.model_dump(exclude_none=True)  # the model refuses nulls and {}
     report = await service_of(request).controls.set_limits(request.path_params["id"], changes)
-    return JSONResponse(report.to_dict())
+    return report.to_dict()  # the changed lists only after a change
 
 
 @api(
@@ -448,11 +449,8 @@ async def admin_set_limits(request: Request, body: s.LimitsChange) -> Response:
     body=s.BridgeRequest,
     ok=(200, s.BridgeModel),
 )
-async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> Response:
-    report = await service_of(request).controls.set_bridge(
-        request.path_params["id"], body.ssh_agent
-    )
-    return JSONResponse(report.to_dict())
+async def admin_set_bridge(request: Request, body: s.BridgeRequest) -> BridgeReport:
+    return await service_of(request).controls.set_bridge(request.path_params["id"], body.ssh_agent)
 
 
 @api(
@@ -492,11 +490,11 @@ async def skill_file(request: Request) -> Response:
     ok=(200, s.PageModel),
     extra_errors=FETCH_ERRORS,
 )
-async def browser_fetch(request: Request, body: s.FetchRequest) -> Response:
+async def browser_fetch(request: Request, body: s.FetchRequest) -> dict[str, Any]:
     page = await service_of(request).browser.fetch(
         body.url, screenshot=body.screenshot, timeout_s=body.timeout_s
     )
-    return JSONResponse(page.to_dict())
+    return page.to_dict()  # the screenshot as base64, and the notes for the agent
 
 
 # -- network ---------------------------------------------------------------------------------
@@ -522,8 +520,8 @@ async def request_network(request: Request, body: s.NetworkAccessRequest) -> Net
     "A session's network policy (admin)",
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_get_network(request: Request) -> Response:
-    return JSONResponse(service_of(request).network.policy(request.path_params["id"]).to_dict())
+async def admin_get_network(request: Request) -> dict[str, Any]:
+    return service_of(request).network.policy(request.path_params["id"]).to_dict()
 
 
 @api(
@@ -533,11 +531,11 @@ async def admin_get_network(request: Request) -> Response:
     body=s.NetworkPolicyRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> Response:
+async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> dict[str, Any]:
     changed = await service_of(request).network.set(
         request.path_params["id"], body.mode, body.allow
     )
-    return JSONResponse(changed.to_dict())
+    return changed.to_dict()
 
 
 @api(
@@ -547,9 +545,9 @@ async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> R
     body=s.NetworkHostsRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> Response:
+async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> dict[str, Any]:
     changed = await service_of(request).network.allow(request.path_params["id"], body.hosts)
-    return JSONResponse(changed.to_dict())
+    return changed.to_dict()
 
 
 @api(
@@ -559,9 +557,9 @@ async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> 
     body=s.NetworkHostsRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> Response:
+async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> dict[str, Any]:
     changed = await service_of(request).network.deny(request.path_params["id"], body.hosts)
-    return JSONResponse(changed.to_dict())
+    return changed.to_dict()
 
 
 @api(
