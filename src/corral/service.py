@@ -72,7 +72,7 @@ class Call:
 
 
 class Service:
-    """Sessions, execution, files and the audit log for one corral server (or CLI command)."""
+    """One corral server's parts, built here; sessions and execution are its own methods."""
 
     def __init__(self, settings: Settings, *, resolver: Resolver | None = None) -> None:
         self.settings = settings
