@@ -37,7 +37,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral.errors import InvalidInput
-from corral.server.auth import ADMIN_PREFIX
 from corral.server.schemas import ErrorResponse
 from corral.service import Service
 
@@ -73,10 +72,6 @@ class Operation:
     headers: dict[str, Any] = field(default_factory=dict)  # of the success response
     stream: bool = False  # the success response is an event stream
     links: tuple[Link, ...] = ()
-
-    @property
-    def admin(self) -> bool:
-        return self.path.startswith(ADMIN_PREFIX)
 
     @property
     def documented_path(self) -> str:
