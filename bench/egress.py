@@ -158,7 +158,7 @@ def kernel_code(spec: dict[str, Any]) -> str:
 
 async def sandbox_samples(service: Service, spec: dict[str, Any]) -> dict[str, list[float]]:
     """Seconds per route, measured by the session's kernel; `RuntimeError` if it fails."""
-    result = await service.execute(kernel_code(spec), session_id=SESSION_ID)
+    result = await service.executions.run(kernel_code(spec), session_id=SESSION_ID)
     if not result.ok or result.kernel_restarted:
         raise RuntimeError(f"the sandbox's egress client ended {result.status}: {result.text()}")
     samples: dict[str, list[float]] = json.loads(result.stdout)

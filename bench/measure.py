@@ -169,7 +169,7 @@ async def measure_cold_start(manager: SessionManager, roots: BaselineRoots, plan
 
 
 async def corral_round_trip(manager: SessionManager, session_id: str) -> float:
-    """Seconds of one `manager.execute(session, "1+1")`; raises if it did not succeed."""
+    """Seconds of one `manager.calls.execute(session, "1+1")`; raises if it did not succeed."""
     started = time.perf_counter()
     result = await manager.calls.execute(manager.session_for(session_id), CODE)
     elapsed = time.perf_counter() - started

@@ -54,7 +54,7 @@ def _start_metrics(both: Both) -> list[Metric]:
             "`1+1` round trip",
             "ms",
             "One execution of 1+1 until iopub is idle and the shell reply is in. corral: "
-            "SessionManager.execute(); baseline: client.execute() and reading the replies.",
+            "CallRunner.execute(); baseline: client.execute() and reading the replies.",
             *both("round_trip"),
             shown=P50_P99,
             digits=2,
@@ -86,7 +86,7 @@ def _served_metrics(both: Both) -> list[Metric]:
             'POST /v1/sessions/{id}/execute with {"code": "1+1"} on one keep-alive '
             "HTTP/1.1 connection (bench.http1), to `corral serve` in its own process on "
             "127.0.0.1, until the JSON result is read. corral: through the server; "
-            "baseline: in-process SessionManager.execute(), sampled in rotation with REST and MCP.",
+            "baseline: in-process CallRunner.execute(), sampled in rotation with REST and MCP.",
             *both("round_trip_rest"),
             shown=P50_P99,
             digits=2,
@@ -99,7 +99,7 @@ def _served_metrics(both: Both) -> list[Metric]:
             "ms",
             "The execute_python_code tool with command 1+1, called by the MCP SDK's Client "
             "over streamable HTTP (one httpx2 client) on the same server and session as REST. "
-            "corral: through the server; baseline: in-process SessionManager.execute(), "
+            "corral: through the server; baseline: in-process CallRunner.execute(), "
             "sampled in rotation with REST and MCP.",
             *both("round_trip_mcp"),
             shown=P50_P99,
@@ -122,7 +122,7 @@ def _concurrency_metrics(both: Both, plan: Plan) -> list[Metric]:
                 "exec/s",
                 f"{sessions} at once, each running `1+1` after `1+1`; one sample per round of "
                 f"{plan.conc_execs} executions split evenly over the sessions, executions "
-                "divided by the round's wall time. corral: SessionManager.execute() on "
+                "divided by the round's wall time. corral: CallRunner.execute() on "
                 f"{sessions}; baseline: as many unsandboxed kernels.",
                 *both(f"exec_rate_{level}"),
                 shown=MEDIAN,

@@ -377,7 +377,7 @@ async def test_the_service_writes_records_in_order_and_reads_them_all(settings: 
     async with Service(settings) as service:
         await service.create_session("ordered")
         for n in range(12):
-            await service.execute(f"{n}", session_id="ordered")
+            await service.executions.run(f"{n}", session_id="ordered")
         page = (await service.audit.page(kind="execution", session="ordered", limit=50)).to_dict()
         codes = [entry["code"] for entry in reversed(page["entries"])]
         assert codes == [str(n) for n in range(12)]
@@ -391,7 +391,7 @@ async def test_a_locked_audit_database_never_holds_up_an_execution(settings: Set
         holder.execute("BEGIN EXCLUSIVE")
         try:
             started = time.monotonic()
-            result = await service.execute("print('ran')", session_id="unheld")
+            result = await service.executions.run("print('ran')", session_id="unheld")
             answered = time.monotonic() - started
         finally:
             holder.execute("COMMIT")

@@ -99,7 +99,7 @@ async def test_a_second_service_on_an_owned_state_is_refused_and_resets_nothing(
         stored = Store(settings.db_path)
         assert [record.state for record in stored.all()] == ["running"]
         stored.close()
-        result = await owner.execute("print('still mine')", session_id="held")
+        result = await owner.executions.run("print('still mine')", session_id="held")
         assert result.stdout == "still mine\n"
     async with Service(settings) as next_owner:  # released on close
         assert [info.id for info in next_owner.list_sessions()] == ["held"]

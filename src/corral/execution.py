@@ -1,9 +1,9 @@
 """One execution in flight: its output as corral's events, its result and its cancel.
 
-`Service.start_execution` checks the request before anything starts, then hands back an
-`Execution`. Every front-end consumes the same handle: REST JSON and coderunner's routes
-await `result()`, SSE/NDJSON streaming and MCP's progress read `events()` as well, MCP's
-`notifications/cancelled` calls `cancel()`.
+`ExecutionService.start` (`corral.areas.executions`) checks the request before anything
+starts, then hands back an `Execution`. Every front-end consumes the same handle: REST JSON
+and coderunner's routes await `result()`, SSE/NDJSON streaming and MCP's progress read
+`events()` as well, MCP's `notifications/cancelled` calls `cancel()`.
 
 What happens when the caller goes away is decided here, once:
 
@@ -144,7 +144,7 @@ class EventLog:
 
 
 class Execution:
-    """The handle of one execution; made by `Service.start_execution`, inside the loop.
+    """The handle of one execution; made by `ExecutionService.start`, inside the loop.
 
     `run` is the whole call (queue, kernel, audit), given this handle (its output hook is
     `note`; it sets `running` and `audit_key` once the code is sent); `canceller`

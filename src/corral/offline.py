@@ -71,7 +71,7 @@ async def run_once(
     with tempfile.TemporaryDirectory(prefix="corral-run-") as tmp:
         async with Service(_one_shot(settings, Path(tmp))) as service:
             await service.create_session("run")
-            return await service.execute(
+            return await service.executions.run(
                 code, session_id="run", language=language, timeout_s=timeout_s
             )
 

@@ -11,15 +11,14 @@ attributes, each a class of one concept (`corral.areas`): `files`, `network`, `s
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from types import TracebackType
 from typing import Any
 
 from corral.areas.controls import ControlService
+from corral.areas.executions import ExecutionService
 from corral.areas.files import FileService
 from corral.areas.network import NetworkService
 from corral.areas.skills import SkillService
@@ -27,8 +26,6 @@ from corral.areas.trail import AuditTrail
 from corral.audit import AuditLog
 from corral.audit_entries import (
     Event,
-    ExecutionBegun,
-    ExecutionEnded,
     SessionChanged,
 )
 from corral.audit_writer import AuditWriter
@@ -39,16 +36,12 @@ from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
 from corral.egress.rules import Decision
 from corral.errors import SessionNotFound
-from corral.execution import Execution
 from corral.executions import ExecutionRegistry
-from corral.kernels.results import ExecutionResult, NetRefusal
+from corral.kernels.results import NetRefusal
 from corral.kernels.sessions import (
     DEFAULT_SESSION,
-    Session,
     SessionInfo,
     SessionManager,
-    check_timeout,
-    validate_language,
     validate_session_id,
 )
 from corral.owner import StateLock
@@ -59,16 +52,6 @@ from corral.store import Store
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 30  # for the calls still held at close to end once their kernels stopped
-
-
-@dataclass(frozen=True)
-class Call:
-    """What one execution asked for, checked: its code, language, timeout and caller."""
-
-    code: str
-    language: str
-    timeout_s: float | None
-    actor: str
 
 
 class Service:
@@ -96,8 +79,12 @@ class Service:
         )
         self.browser = Browser(settings, self.sessions.factory, self.egress)
         self.session_events = SessionEvents()
-        self.executions = ExecutionRegistry(
-            settings.execution_keep_s, settings.execution_keep_count
+        self.executions = ExecutionService(
+            self.sessions,
+            self.audit,
+            self.session_events,
+            ExecutionRegistry(settings.execution_keep_s, settings.execution_keep_count),
+            keep_bytes=settings.max_output_bytes,
         )
         self.files = FileService(self.sessions, settings.max_upload_bytes)
         self.network = NetworkService(self.egress, self.sessions, self.audit)
@@ -140,7 +127,7 @@ class Service:
     ) -> None:
         self.sessions.calls.begin_shutdown()  # queued calls refused, not run on a closed service
         await self.sessions.close()
-        await self._wait_for_executions()
+        await self.executions.wait_for_running()
         await self.egress.close()
         await asyncio.to_thread(self._audit_writer.close)
         self._audit_log.close()
@@ -148,129 +135,11 @@ class Service:
 
     # -- execution -----------------------------------------------------------------------
 
-    def start_execution(
-        self,
-        code: str,
-        *,
-        session_id: str | None = None,
-        language: str = "python",
-        timeout_s: float | None = None,
-        actor: str = "agent",
-        resume: bool = True,
-    ) -> Execution:
-        """Start running code in a session (the default one when `session_id` is None).
-
-        The request is checked first, each thing once, before any kernel starts: the
-        language, the timeout, and the session (a named one must exist; a stopped one is
-        started again, or refused with `SessionClosed` when `resume` is False, as
-        coderunner's routes and the MCP tools ask; the default one is made on first use).
-        A failed check raises here (`InvalidInput`, `SessionNotFound`, `SessionClosed`).
-        The call then queues behind the session's earlier ones; its result is audited when
-        it ends. See `corral.execution` for events, cancel and a caller that goes away.
-        """
-        call = Call(code, validate_language(language), check_timeout(timeout_s), actor)
-        session = self.sessions.session_for(session_id, resume=resume)
-        execution = Execution(
-            functools.partial(self._run, session, call),
-            self.sessions.calls.cancel,
-            session_id=session.id,
-            keep_bytes=self.settings.max_output_bytes,
-            on_end=self.executions.ended,
-        )
-        self.executions.add(execution)
-        return execution
-
-    async def _run(self, session: Session, call: Call, execution: Execution) -> ExecutionResult:
-        """The execution's whole call: its turn in the session's queue, the kernel, the
-        audit entry written before the code is sent and completed once it ended."""
-        result = await self.sessions.calls.execute(
-            session,
-            call.code,
-            language=call.language,
-            timeout_s=call.timeout_s,
-            on_output=execution.note,
-            before_send=functools.partial(self._journal_before_sending, execution, call),
-        )
-        if execution.audit_key is not None:
-            self.audit.record(
-                ExecutionEnded(
-                    begun=execution.audit_key,
-                    status=result.status,
-                    duration_s=result.duration_s,
-                    output_bytes=result.output_bytes,
-                )
-            )
-            self._publish_end(execution.id, result)
-        return result
-
-    def _journal_before_sending(
-        self, execution: Execution, call: Call, result: ExecutionResult
-    ) -> None:
-        """The code is about to be sent: its audit entry first. Raises `StateUnavailable`
-        when the journal cannot be written: the code is then not sent, since nothing would
-        say it ran."""
-        execution.audit_key = self.audit.begin(
-            ExecutionBegun(
-                session=result.session_id,
-                language=call.language,
-                code=call.code,
-                actor=call.actor,
-                at=result.started_at,
-            )
-        )
-        execution.running = True  # journaled: the code is sent now
-        self.session_events.publish(
-            result.session_id, "busy", execution=execution.id, language=call.language
-        )
-
-    def _publish_end(self, execution_id: str, result: ExecutionResult) -> None:
-        """What a watcher of the session learns when code ends: idle, and what struck."""
-        publish = functools.partial(self.session_events.publish, result.session_id)
-        if result.status == "died":
-            publish("kernel_died", execution=execution_id)
-        if result.kernel_restarted:
-            publish("kernel_restarted", execution=execution_id)
-        if result.limit is not None:
-            publish("limit", execution=execution_id, limit=result.limit, message=result.message)
-        publish("idle", execution=execution_id, status=result.status)
-
-    async def execute(
-        self,
-        code: str,
-        *,
-        session_id: str | None = None,
-        language: str = "python",
-        timeout_s: float | None = None,
-        actor: str = "agent",
-        resume: bool = True,
-    ) -> ExecutionResult:
-        """`start_execution`, then its result (for callers that need no events)."""
-        execution = self.start_execution(
-            code,
-            session_id=session_id,
-            language=language,
-            timeout_s=timeout_s,
-            actor=actor,
-            resume=resume,
-        )
-        return await execution.result()
-
     def begin_shutdown(self) -> None:
         """The server is stopping: interrupt running calls, refuse queued and new ones, and
         end the session event streams (so that no connection holds the shutdown up)."""
         self.sessions.calls.begin_shutdown()
         self.session_events.close()
-
-    async def _wait_for_executions(self) -> None:
-        """At close, after the kernels stopped: every call still held ends promptly (as
-        died, or refused), and one that does not within `CLOSE_WAIT_S` is cancelled."""
-        for execution in self.executions.running():
-            if not await execution.wait(CLOSE_WAIT_S):
-                log.warning(
-                    "an execution had not ended %g s after its kernel stopped", CLOSE_WAIT_S
-                )
-                execution.abandon()
-                await execution.wait()
 
     # -- sessions --------------------------------------------------------------------------
 

@@ -164,11 +164,13 @@ async def net(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Service
 
 
 async def sh(service: Service, script: str, session_id: str = SID) -> ExecutionResult:
-    return await service.execute(script, session_id=session_id, language="bash", timeout_s=60)
+    return await service.executions.run(
+        script, session_id=session_id, language="bash", timeout_s=60
+    )
 
 
 async def py(service: Service, code: str) -> ExecutionResult:
-    return await service.execute(code, session_id=SID, timeout_s=60)
+    return await service.executions.run(code, session_id=SID, timeout_s=60)
 
 
 def curl(url: str, *options: str) -> str:

@@ -448,8 +448,8 @@ def fetch_py(url: str) -> str:
 async def fetched(service: Service, port: int) -> tuple[ExecutionResult, ExecutionResult]:
     """/hello.txt fetched by the python kernel (urllib) and the bash kernel (curl)."""
     url = f"http://{HOST}:{port}/hello.txt"
-    py = await service.execute(fetch_py(url), session_id="net", timeout_s=60)
-    sh = await service.execute(
+    py = await service.executions.run(fetch_py(url), session_id="net", timeout_s=60)
+    sh = await service.executions.run(
         f"curl -sS --max-time 20 '{url}'", session_id="net", language="bash", timeout_s=60
     )
     return py, sh
@@ -469,7 +469,9 @@ async def test_egress_proxy_restart_cuts_open_connections_and_running_sandboxes_
     pids = kernel_pids(service)
     _Site.slow_started.clear()
     slow = asyncio.create_task(
-        service.execute(curl(f"http://{HOST}:{site}/slow"), session_id="net", language="bash")
+        service.executions.run(
+            curl(f"http://{HOST}:{site}/slow"), session_id="net", language="bash"
+        )
     )
     assert await asyncio.to_thread(_Site.slow_started.wait, WAIT_S)
     await asyncio.sleep(0.3)  # a few lines are through the tunnel
@@ -502,7 +504,9 @@ async def test_egress_socket_removed_from_the_run_root_is_listened_on_again(
     # The bash kernel's start asks for the socket again, and the proxy listens anew; the
     # python kernel, running all along, finds the new socket too.
     url = f"http://{HOST}:{site}/hello.txt"
-    sh = await service.execute(f"curl -sS --max-time 20 '{url}'", session_id="net", language="bash")
-    py = await service.execute(fetch_py(url), session_id="net")
+    sh = await service.executions.run(
+        f"curl -sS --max-time 20 '{url}'", session_id="net", language="bash"
+    )
+    py = await service.executions.run(fetch_py(url), session_id="net")
     assert (py.stdout, sh.stdout) == (HELLO, HELLO), (py.text(), sh.text())
     assert socket_path.is_socket()

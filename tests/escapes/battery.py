@@ -196,7 +196,7 @@ def checked(host: Host, result: ExecutionResult) -> ExecutionResult:
 async def execute(
     host: Host, code: str, sid: str = A, timeout_s: float = EXEC_S
 ) -> ExecutionResult:
-    result = await host.service.execute(code, session_id=sid, timeout_s=timeout_s)
+    result = await host.service.executions.run(code, session_id=sid, timeout_s=timeout_s)
     return checked(host, result)
 
 

@@ -632,7 +632,7 @@ def traces_on_host(settings: Settings) -> list[Path]:
 
 async def py_in(service: Service, code: str, sid: str) -> Any:
     """`py` for a service that is not the battery's host."""
-    result = await service.execute(code, session_id=sid, timeout_s=30.0)
+    result = await service.executions.run(code, session_id=sid, timeout_s=30.0)
     assert result.status == "ok", result.text()
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -103,7 +103,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
     """Run `code` (Python with `os` imported, or bash); its stdout, once it succeeded."""
     if language == "python":
         code = f"import os\n{code}"
-    result = await service.execute(code, session_id=sid, language=language, timeout_s=EXEC_S)
+    result = await service.executions.run(code, session_id=sid, language=language, timeout_s=EXEC_S)
     assert result.status == "ok", result.text()
     return result.stdout
 

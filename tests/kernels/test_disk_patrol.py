@@ -39,7 +39,7 @@ async def test_a_look_that_names_no_writer_is_not_a_strike_against_the_kernel(
     # named the shell; the kernel that had started it was then stopped as well, for a
     # "second" strike, though only one thing had been stopped.
     await service.create_session("idle")
-    assert (await service.execute(BACKGROUND_SLEEP, session_id="idle")).stdout == "started\n"
+    assert (await service.executions.run(BACKGROUND_SLEEP, session_id="idle")).stdout == "started\n"
     await until(lambda: live_sleep(service, "idle"), "the background sleep to start")
     pid = live_sleep(service, "idle")
     assert pid is not None
@@ -49,7 +49,7 @@ async def test_a_look_that_names_no_writer_is_not_a_strike_against_the_kernel(
     assert not session.notes
     patrol.stop_writers(session, Hit(usage=1, files=1, writers=(pid,)))
     await until(lambda: live_sleep(service, "idle") is None, "the sleep to be killed")
-    after = await service.execute("1 + 1", session_id="idle")
+    after = await service.executions.run("1 + 1", session_id="idle")
     assert not after.kernel_restarted
     assert after.message is not None
     assert "processes that kept writing were killed: sleep" in after.message

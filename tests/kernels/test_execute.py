@@ -18,7 +18,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 async def test_expression_value_comes_back_as_text_plain(sandbox: Service) -> None:
-    result = await sandbox.execute("1 + 1", session_id="probe")
+    result = await sandbox.executions.run("1 + 1", session_id="probe")
     assert result.status == "ok"
     assert result.results == [{"text/plain": "2"}]
     assert result.execution_count is not None
@@ -27,14 +27,14 @@ async def test_expression_value_comes_back_as_text_plain(sandbox: Service) -> No
 
 async def test_stdout_and_stderr_are_separate_and_in_order(sandbox: Service) -> None:
     code = "import sys\nprint('a')\nprint('x', file=sys.stderr)\nprint('b')\n"
-    result = await sandbox.execute(code, session_id="probe")
+    result = await sandbox.executions.run(code, session_id="probe")
     assert result.stdout == "a\nb\n"
     assert result.stderr == "x\n"
 
 
 async def test_matplotlib_figure_comes_back_as_png(sandbox: Service) -> None:
     code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\n"
-    result = await sandbox.execute(code, session_id="probe")
+    result = await sandbox.executions.run(code, session_id="probe")
     assert result.status == "ok", result.text()
     pngs = [bundle["image/png"] for bundle in result.results if "image/png" in bundle]
     assert len(pngs) == 1
@@ -42,7 +42,9 @@ async def test_matplotlib_figure_comes_back_as_png(sandbox: Service) -> None:
 
 
 async def test_exception_is_a_structured_error_without_ansi(sandbox: Service) -> None:
-    result = await sandbox.execute("def f():\n    raise ValueError('bad')\nf()", session_id="probe")
+    result = await sandbox.executions.run(
+        "def f():\n    raise ValueError('bad')\nf()", session_id="probe"
+    )
     assert result.status == "error"
     assert result.error is not None
     assert (result.error.ename, result.error.evalue) == ("ValueError", "bad")
@@ -64,7 +66,7 @@ chain(500)
 
 
 async def test_a_500_deep_exception_chain_reports_the_error_raised(sandbox: Service) -> None:
-    result = await sandbox.execute(DEEP_CHAIN, session_id="probe")
+    result = await sandbox.executions.run(DEEP_CHAIN, session_id="probe")
     assert result.status == "error", result.text()
     assert result.error is not None
     assert (result.error.ename, result.error.evalue) == ("RuntimeError", "level 500")
@@ -79,14 +81,16 @@ async def test_a_500_deep_exception_chain_reports_the_error_raised(sandbox: Serv
 
 
 async def test_state_persists_between_calls(sandbox: Service) -> None:
-    await sandbox.execute("kept = 41", session_id="probe")
-    result = await sandbox.execute("kept + 1", session_id="probe")
+    await sandbox.executions.run("kept = 41", session_id="probe")
+    result = await sandbox.executions.run("kept + 1", session_id="probe")
     assert result.results == [{"text/plain": "42"}]
 
 
 async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
-    await sandbox.execute("open('/workspace/from_py.txt', 'w').write('hi')", session_id="probe")
-    result = await sandbox.execute(
+    await sandbox.executions.run(
+        "open('/workspace/from_py.txt', 'w').write('hi')", session_id="probe"
+    )
+    result = await sandbox.executions.run(
         "cat /workspace/from_py.txt; echo; pwd", session_id="probe", language="bash"
     )
     assert result.status == "ok", result.text()
@@ -95,25 +99,25 @@ async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
 
 async def test_coderunners_upload_folder_is_the_workspace(sandbox: Service) -> None:
     # coderunner's prompts and test scripts name /app/uploads; here it is the workspace.
-    await sandbox.execute("open('/app/uploads/from-python.txt', 'w').write('p')")
-    shell = await sandbox.execute(
+    await sandbox.executions.run("open('/app/uploads/from-python.txt', 'w').write('p')")
+    shell = await sandbox.executions.run(
         "cat /workspace/from-python.txt; echo; echo x > /app/uploads/from-bash.txt\n"
         "readlink /app/uploads",
         language="bash",
     )
     assert shell.stdout.split() == ["p", "/workspace"], shell.text()
-    back = await sandbox.execute("open('/workspace/from-bash.txt').read()")
+    back = await sandbox.executions.run("open('/workspace/from-bash.txt').read()")
     assert back.results == [{"text/plain": "'x\\n'"}]
 
 
 async def test_bash_failure_is_an_error_result(sandbox: Service) -> None:
-    result = await sandbox.execute("ls /does-not-exist", session_id="probe", language="bash")
+    result = await sandbox.executions.run("ls /does-not-exist", session_id="probe", language="bash")
     assert result.status == "error"
     assert "No such file" in result.stdout + result.stderr
 
 
 async def test_a_failed_bash_command_says_its_exit_status(sandbox: Service) -> None:
-    result = await sandbox.execute("ls /nonexistent", session_id="probe", language="bash")
+    result = await sandbox.executions.run("ls /nonexistent", session_id="probe", language="bash")
     assert result.status == "error"
     assert result.error is not None
     assert (result.error.ename, result.error.evalue) == ("exit status", "2")
@@ -122,32 +126,34 @@ async def test_a_failed_bash_command_says_its_exit_status(sandbox: Service) -> N
 
 async def test_bash_exiting_is_an_error_with_its_status_and_a_new_bash(service: Service) -> None:
     await service.create_session("exits")
-    result = await service.execute("echo hi; exit 3", session_id="exits", language="bash")
+    result = await service.executions.run("echo hi; exit 3", session_id="exits", language="bash")
     assert result.status == "error", result.text()
     assert result.error is not None and result.error.evalue == "3"
     assert result.stdout == "hi\n"
     assert "Restarting" not in result.text()
     assert result.error.traceback == ["bash exited with status 3; a new bash was started"]
     # A line `exit` the user prints is kept: only bash's own, when it ends, is dropped.
-    after = await service.execute("echo again; echo exit", session_id="exits", language="bash")
+    after = await service.executions.run(
+        "echo again; echo exit", session_id="exits", language="bash"
+    )
     assert (after.status, after.stdout) == ("ok", "again\nexit\n")
 
 
 async def test_flood_of_100_mb_is_cut_and_the_kernel_survives(service: Service) -> None:
     await service.create_session("flood")
     code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)\n"
-    result = await service.execute(code, session_id="flood")
+    result = await service.executions.run(code, session_id="flood")
     assert result.output_truncated
     assert len(result.stdout) <= service.settings.max_output_bytes
     assert result.output_cut_bytes > 0
     assert result.message is not None and "output cut" in result.message
-    after = await service.execute("'alive'", session_id="flood")
+    after = await service.executions.run("'alive'", session_id="flood")
     assert after.results == [{"text/plain": "'alive'"}]
 
 
 async def test_single_huge_print_is_cut(service: Service) -> None:
     await service.create_session("huge")
-    result = await service.execute("print('y' * 20_000_000)", session_id="huge")
+    result = await service.executions.run("print('y' * 20_000_000)", session_id="huge")
     assert result.output_truncated
     assert result.output_bytes <= service.settings.max_output_bytes
     assert result.output_cut_bytes >= 20_000_000 - service.settings.max_output_bytes
@@ -155,12 +161,12 @@ async def test_single_huge_print_is_cut(service: Service) -> None:
 
 async def test_code_that_never_returns_times_out_and_is_interrupted(service: Service) -> None:
     await service.create_session("loop")
-    await service.execute("before = 'kept'", session_id="loop")
-    result = await service.execute("while True:\n    pass", session_id="loop", timeout_s=1.5)
+    await service.executions.run("before = 'kept'", session_id="loop")
+    result = await service.executions.run("while True:\n    pass", session_id="loop", timeout_s=1.5)
     assert result.status == "timeout"
     assert not result.kernel_restarted
     assert "1.5 s" in (result.message or "")
-    after = await service.execute("before", session_id="loop")
+    after = await service.executions.run("before", session_id="loop")
     assert after.results == [{"text/plain": "'kept'"}]
 
 
@@ -171,10 +177,10 @@ async def test_code_that_ignores_interrupts_gets_its_kernel_restarted(service: S
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "while True:\n    time.sleep(0.1)\n"
     )
-    result = await service.execute(code, session_id="stubborn", timeout_s=1)
+    result = await service.executions.run(code, session_id="stubborn", timeout_s=1)
     assert result.status == "timeout"
     assert result.kernel_restarted
-    after = await service.execute("1", session_id="stubborn")
+    after = await service.executions.run("1", session_id="stubborn")
     assert after.status == "ok"
 
 
@@ -182,10 +188,10 @@ async def test_os_exit_is_a_died_result_and_the_next_call_gets_a_new_kernel(
     service: Service,
 ) -> None:
     await service.create_session("exit")
-    await service.execute("open('/workspace/keep.txt','w').write('safe')", session_id="exit")
-    result = await service.execute("import os; os._exit(3)", session_id="exit")
+    await service.executions.run("open('/workspace/keep.txt','w').write('safe')", session_id="exit")
+    result = await service.executions.run("import os; os._exit(3)", session_id="exit")
     assert result.status == "died"
-    after = await service.execute("open('/workspace/keep.txt').read()", session_id="exit")
+    after = await service.executions.run("open('/workspace/keep.txt').read()", session_id="exit")
     assert after.status == "ok"
     assert after.kernel_restarted
     assert after.results == [{"text/plain": "'safe'"}]
@@ -193,11 +199,11 @@ async def test_os_exit_is_a_died_result_and_the_next_call_gets_a_new_kernel(
 
 async def test_kill_9_of_itself_is_a_died_result(service: Service) -> None:
     await service.create_session("self-kill")
-    result = await service.execute(
+    result = await service.executions.run(
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", session_id="self-kill"
     )
     assert result.status == "died"
-    assert (await service.execute("2", session_id="self-kill")).status == "ok"
+    assert (await service.executions.run("2", session_id="self-kill")).status == "ok"
 
 
 async def test_a_died_result_keeps_what_was_printed_before_the_kernel_died(
@@ -207,7 +213,7 @@ async def test_a_died_result_keeps_what_was_printed_before_the_kernel_died(
     host had not read it yet when it noticed the death (here a slow output hook holds the
     reader until the kernel is gone)."""
     await service.create_session("last-words")
-    await service.execute("1", session_id="last-words")
+    await service.executions.run("1", session_id="last-words")
     kernel = service.sessions.session_for("last-words").kernels["python"]
     code = (
         "import os, signal, time\n"
@@ -240,7 +246,7 @@ async def test_kernel_killed_from_outside_mid_execution(service: Service) -> Non
     await service.create_session("victim")
     await service.create_session("bystander")
     task = asyncio.create_task(
-        service.execute(
+        service.executions.run(
             "import time\nprint('start', flush=True)\ntime.sleep(30)", session_id="victim"
         )
     )
@@ -251,20 +257,22 @@ async def test_kernel_killed_from_outside_mid_execution(service: Service) -> Non
     os.kill(kernel_pid, signal.SIGKILL)
     result = await asyncio.wait_for(task, 20)
     assert result.status == "died"
-    assert (await service.execute("'still here'", session_id="bystander")).status == "ok"
-    assert (await service.execute("3", session_id="victim")).results == [{"text/plain": "3"}]
+    assert (await service.executions.run("'still here'", session_id="bystander")).status == "ok"
+    assert (await service.executions.run("3", session_id="victim")).results == [{"text/plain": "3"}]
 
 
 async def test_executions_in_one_session_run_in_arrival_order(service: Service) -> None:
     await service.create_session("queue")
-    await service.execute("order = []", session_id="queue")
+    await service.executions.run("order = []", session_id="queue")
     calls = [
-        service.execute(f"import time; time.sleep(0.05); order.append({i})", session_id="queue")
+        service.executions.run(
+            f"import time; time.sleep(0.05); order.append({i})", session_id="queue"
+        )
         for i in range(5)
     ]
     results = await asyncio.gather(*calls)
     assert all(r.status == "ok" for r in results)
-    assert (await service.execute("order", session_id="queue")).results == [
+    assert (await service.executions.run("order", session_id="queue")).results == [
         {"text/plain": "[0, 1, 2, 3, 4]"}
     ]
     assert max(r.queued_s for r in results) > 0
@@ -274,7 +282,7 @@ async def test_sessions_run_in_parallel(service: Service) -> None:
     await asyncio.gather(service.create_session("p1"), service.create_session("p2"))
     code = "import time\nstart = time.time()\ntime.sleep(1.5)\n(start, time.time())"
     results = await asyncio.gather(
-        service.execute(code, session_id="p1"), service.execute(code, session_id="p2")
+        service.executions.run(code, session_id="p1"), service.executions.run(code, session_id="p2")
     )
     assert all(r.status == "ok" for r in results)
     (start1, end1), (start2, end2) = (ast.literal_eval(r.results[0]["text/plain"]) for r in results)
@@ -298,26 +306,26 @@ NEXT_CALL = "import time\ntime.sleep(2)\nprint('next')"
 
 async def test_a_late_flood_interrupt_never_lands_in_the_next_call(service: Service) -> None:
     await service.create_session("late-flood")
-    assert (await service.execute(SLOW_INTERRUPTS, session_id="late-flood")).status == "ok"
+    assert (await service.executions.run(SLOW_INTERRUPTS, session_id="late-flood")).status == "ok"
     # Done before the kernel acts on the interrupt the cut sends.
     flood = "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * 100_000)\n"
-    flooded = await service.execute(flood, session_id="late-flood")
+    flooded = await service.executions.run(flood, session_id="late-flood")
     assert flooded.limit == "output", flooded.text()
-    after = await service.execute(NEXT_CALL, session_id="late-flood")
+    after = await service.executions.run(NEXT_CALL, session_id="late-flood")
     assert (after.status, after.stdout) == ("ok", "next\n"), after.text()
 
 
 async def test_a_late_cancel_interrupt_never_lands_in_the_next_call(service: Service) -> None:
     await service.create_session("late-cancel")
-    assert (await service.execute(SLOW_INTERRUPTS, session_id="late-cancel")).status == "ok"
+    assert (await service.executions.run(SLOW_INTERRUPTS, session_id="late-cancel")).status == "ok"
     code = "import time\nprint('started', flush=True)\ntime.sleep(0.3)"
-    execution = service.start_execution(code, session_id="late-cancel")
+    execution = service.executions.start(code, session_id="late-cancel")
     async for _, event in execution.events():
         if event.text == "started\n":
             break
     await execution.cancel()
     await execution.result()
-    after = await service.execute(NEXT_CALL, session_id="late-cancel")
+    after = await service.executions.run(NEXT_CALL, session_id="late-cancel")
     assert (after.status, after.stdout) == ("ok", "next\n"), after.text()
 
 
@@ -336,19 +344,19 @@ async def test_a_call_the_kernel_ends_without_a_reply_says_it_may_not_have_finis
         "_kernel.session.send = _drop\n"
         "print('ran')"
     )
-    result = await service.execute(drop_reply, session_id="no-reply")
+    result = await service.executions.run(drop_reply, session_id="no-reply")
     assert result.status == "error", result.text()
     assert result.stdout == "ran\n"
     assert result.message is not None and "no reply" in result.message
-    after = await service.execute("1 + 1", session_id="no-reply")
+    after = await service.executions.run("1 + 1", session_id="no-reply")
     assert after.results == [{"text/plain": "2"}]
 
 
 async def test_a_call_the_kernel_aborts_says_the_code_did_not_run(service: Service) -> None:
     await service.create_session("aborted")
     # What ipykernel does to the calls queued behind one that failed with stop_on_error.
-    await service.execute("get_ipython().kernel._aborting = True", session_id="aborted")
-    result = await service.execute("print('never')", session_id="aborted")
+    await service.executions.run("get_ipython().kernel._aborting = True", session_id="aborted")
+    result = await service.executions.run("print('never')", session_id="aborted")
     assert result.status == "error", result.text()
     assert result.stdout == ""
     assert result.message is not None and "did not run" in result.message
@@ -366,6 +374,6 @@ async def test_a_message_the_kernel_forges_is_dropped_and_the_result_stands(
         "import sys; sys.stdout.flush()\n"
         "print('still here')\n"
     )
-    result = await sandbox.execute(code, session_id="probe")
+    result = await sandbox.executions.run(code, session_id="probe")
     assert result.status == "ok", result.text()
     assert result.stdout == "still here\n"

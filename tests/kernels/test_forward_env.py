@@ -46,9 +46,11 @@ async def test_only_listed_variables_enter_and_proxies_are_corrals_own(
     listed = replace(settings, forward_env="CORRAL_T_FORWARDED, CORRAL_T_NOT_SET")
     async with Service(listed) as service:
         await service.create_session("env")
-        result = await service.execute(ENVIRON, session_id="env", timeout_s=EXEC_S)
+        result = await service.executions.run(ENVIRON, session_id="env", timeout_s=EXEC_S)
         assert result.status == "ok", result.text()
-        shell = await service.execute("env", session_id="env", language="bash", timeout_s=EXEC_S)
+        shell = await service.executions.run(
+            "env", session_id="env", language="bash", timeout_s=EXEC_S
+        )
         assert shell.status == "ok", shell.text()
     seen = json.loads(result.stdout)
     own = seen["own"]

@@ -62,7 +62,7 @@ def running(pid: int | None) -> bool:
 async def run(
     service: Service, session_id: str | None, code: str, language: str = "python"
 ) -> ExecutionResult:
-    return await service.execute(code, session_id=session_id, language=language)
+    return await service.executions.run(code, session_id=session_id, language=language)
 
 
 async def wait_until(check: object, timeout_s: float = 30.0) -> bool:

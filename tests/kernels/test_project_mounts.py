@@ -100,7 +100,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
     """Run `code` (Python with `os` imported, or bash); its stdout, once it succeeded."""
     if language == "python":
         code = f"import os\n{code}"
-    result = await service.execute(code, session_id=sid, language=language, timeout_s=EXEC_S)
+    result = await service.executions.run(code, session_id=sid, language=language, timeout_s=EXEC_S)
     assert result.status == "ok", result.text()
     return result.stdout
 
@@ -282,7 +282,7 @@ async def test_no_trusted_file_planted_inside_reaches_the_host(
     script = " && ".join(f"( {plant.format(mark=MARK)} )" for plant in PLANTS.values())
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("plant", mounts=["proj"])
-        planted = await service.execute(
+        planted = await service.executions.run(
             f"cd {P} && {script} && echo planted", session_id="plant", language="bash"
         )
         assert planted.stdout.endswith("planted\n"), planted.text()
@@ -303,7 +303,7 @@ async def test_no_trusted_file_planted_inside_reaches_the_host(
         await until(
             lambda: _reported_now(service, "plant", expected), "the reports, as they happen"
         )
-        result = await service.execute("print('next')", session_id="plant")
+        result = await service.executions.run("print('next')", session_id="plant")
         told = f"{planted.message} {result.message}"  # whichever result came after a report
         assert "kept from the host folder of mount 'proj'" in told, told
         await service.stop_session("plant")
@@ -569,7 +569,7 @@ async def test_a_mount_point_cannot_be_moved_inside_and_a_link_in_its_place_refu
         point.rmdir()  # what a sandbox could do once no mount sits there
         point.symlink_to(elsewhere)
         with pytest.raises(InvalidInput, match="the workspace entry 'proj' is not a directory"):
-            await service.execute("1", session_id="point")
+            await service.executions.run("1", session_id="point")
         assert service.sessions.sessions["point"].kernels == {}
     assert snapshot(repo) == before
     assert list(elsewhere.iterdir()) == []

@@ -26,7 +26,7 @@ async def service(shared_service: Service) -> Service:
 
 async def run(service: Service, code: str, language: str = "python") -> str:
     """The code's stdout; fails the test with everything the kernel said otherwise."""
-    result = await service.execute(code, session_id=SID, language=language)
+    result = await service.executions.run(code, session_id=SID, language=language)
     assert result.status == "ok", result.text()
     return result.stdout
 
@@ -84,7 +84,7 @@ async def test_a_seaborn_plot_comes_back_as_png(service: Service) -> None:
         "sns.scatterplot(data=frame, x='x', y='y')\n"
         "plt.show()\n"
     )
-    result = await service.execute(code, session_id=SID)
+    result = await service.executions.run(code, session_id=SID)
     assert result.status == "ok", result.text()
     pngs = [bundle["image/png"] for bundle in result.results if "image/png" in bundle]
     assert len(pngs) == 1

@@ -29,7 +29,7 @@ EXEC_S = 60
 
 
 async def run(service: Service, sid: str, code: str, language: str = "python") -> str:
-    result = await service.execute(code, session_id=sid, language=language, timeout_s=EXEC_S)
+    result = await service.executions.run(code, session_id=sid, language=language, timeout_s=EXEC_S)
     assert result.status == "ok", result.text()
     return result.stdout
 
@@ -98,10 +98,10 @@ async def test_killing_the_spawner_from_inside_ends_the_sandbox_and_the_next_cal
     await service.create_session("spawner")
     await run(service, "spawner", "n = 1")
     first = sandbox_of(service, "spawner")
-    result = await service.execute("kill -9 2", session_id="spawner", language="bash")
+    result = await service.executions.run("kill -9 2", session_id="spawner", language="bash")
     assert result.status in ("died", "ok", "error")
     await until(lambda: not first.alive(), "not first.alive()", 10)
-    after = await service.execute("print('fresh')", session_id="spawner", timeout_s=EXEC_S)
+    after = await service.executions.run("print('fresh')", session_id="spawner", timeout_s=EXEC_S)
     assert after.status == "ok" and after.stdout == "fresh\n"
     assert after.kernel_restarted
     second = sandbox_of(service, "spawner")
@@ -116,7 +116,9 @@ async def test_killing_the_spawner_from_inside_ends_the_sandbox_and_the_next_cal
     os.kill(spawner[0], signal.SIGKILL)
     await until(lambda: not second.alive(), "not second.alive()", 10)
     assert await run(service, "spawner", "echo again", language="bash") == "again\n"
-    again = await service.execute("print('n' in dir())", session_id="spawner", timeout_s=EXEC_S)
+    again = await service.executions.run(
+        "print('n' in dir())", session_id="spawner", timeout_s=EXEC_S
+    )
     assert again.stdout == "False\n" and again.kernel_restarted
 
 

@@ -35,25 +35,25 @@ def test_valid_session_ids_pass(good: str) -> None:
 
 async def test_unknown_session_is_a_clear_error(service: Service) -> None:
     with pytest.raises(SessionNotFound, match="Session 'ghost' not found"):
-        await service.execute("1", session_id="ghost")
+        await service.executions.run("1", session_id="ghost")
     with pytest.raises(SessionNotFound):
         service.get_session("ghost")
 
 
 async def test_invalid_id_on_execute_is_refused_before_anything_runs(service: Service) -> None:
     with pytest.raises(InvalidInput):
-        await service.execute("1", session_id="../../etc")
+        await service.executions.run("1", session_id="../../etc")
     assert service.list_sessions() == []
 
 
 async def test_unknown_language_is_refused(service: Service) -> None:
     with pytest.raises(InvalidInput, match="unknown language"):
-        await service.execute("1", language="ruby")
+        await service.executions.run("1", language="ruby")
 
 
 async def test_calls_without_a_session_use_the_default_session(service: Service) -> None:
-    await service.execute("x = 5")
-    result = await service.execute("x * 2")
+    await service.executions.run("x = 5")
+    result = await service.executions.run("x * 2")
     assert result.results == [{"text/plain": "10"}]
     assert result.session_id == "default"
 
@@ -64,14 +64,14 @@ async def test_create_list_get_stop_restart(service: Service) -> None:
     assert [s.id for s in service.list_sessions()] == [info.id]
     with pytest.raises(SessionExists):
         await service.create_session(info.id)
-    await service.execute("v = 1", session_id=info.id)
+    await service.executions.run("v = 1", session_id=info.id)
     restarted = await service.restart_session(info.id)
     assert restarted.state == "idle"
-    gone = await service.execute("'v' in dir()", session_id=info.id)
+    gone = await service.executions.run("'v' in dir()", session_id=info.id)
     assert gone.results == [{"text/plain": "False"}]
     stopped = await service.stop_session(info.id)
     assert stopped.state == "stopped" and stopped.kernels == ()
-    assert (await service.execute("1", session_id=info.id)).status == "ok"
+    assert (await service.executions.run("1", session_id=info.id)).status == "ok"
 
 
 async def test_maximum_number_of_running_sessions(settings: Settings) -> None:
@@ -87,12 +87,14 @@ async def test_maximum_number_of_running_sessions(settings: Settings) -> None:
 
 async def test_starting_a_stopped_session_resumes_it_with_its_files(service: Service) -> None:
     await service.create_session("again")
-    await service.execute("open('/workspace/kept.txt','w').write('k'); v = 1", session_id="again")
+    await service.executions.run(
+        "open('/workspace/kept.txt','w').write('k'); v = 1", session_id="again"
+    )
     await service.stop_session("again")
     assert not service.get_session("again").open
     resumed = await service.create_session("again")
     assert resumed.open and resumed.state == "idle"
-    result = await service.execute(
+    result = await service.executions.run(
         "(open('/workspace/kept.txt').read(), 'v' in dir())", session_id="again"
     )
     assert result.results == [{"text/plain": "('k', False)"}]
@@ -126,11 +128,11 @@ async def test_a_closed_session_is_refused_where_resuming_is_not_asked(service: 
     await service.create_session("shut")
     await service.stop_session("shut")
     with pytest.raises(SessionClosed, match="Session 'shut' is closed"):
-        await service.execute("1", session_id="shut", resume=False)
+        await service.executions.run("1", session_id="shut", resume=False)
     with pytest.raises(SessionNotFound):
-        await service.execute("1", session_id="nobody-here", resume=False)
+        await service.executions.run("1", session_id="nobody-here", resume=False)
     assert not service.get_session("shut").open
-    assert (await service.execute("1", session_id="shut")).status == "ok"  # corral's routes
+    assert (await service.executions.run("1", session_id="shut")).status == "ok"  # corral's routes
     assert service.get_session("shut").open
 
 
@@ -140,18 +142,20 @@ async def test_an_idle_reap_keeps_a_session_open(settings: Settings) -> None:
         service.sessions.sessions["nap"].record.last_used_at = time.time() - 10
         assert await service.sessions.reaper.reap_idle() == ["nap"]
         assert service.get_session("nap").open
-        result = await service.execute("1", session_id="nap", resume=False)
+        result = await service.executions.run("1", session_id="nap", resume=False)
         assert result.status == "ok"
 
 
 async def test_idle_timeout_stops_kernels_but_keeps_the_workspace(settings: Settings) -> None:
     async with Service(replace(settings, idle_timeout_s=0.5)) as service:
         await service.create_session("idle")
-        await service.execute("open('/workspace/f.txt','w').write('kept')", session_id="idle")
+        await service.executions.run(
+            "open('/workspace/f.txt','w').write('kept')", session_id="idle"
+        )
         service.sessions.sessions["idle"].record.last_used_at = time.time() - 10
         assert await service.sessions.reaper.reap_idle() == ["idle"]
         assert service.get_session("idle").state == "stopped"
-        result = await service.execute("open('/workspace/f.txt').read()", session_id="idle")
+        result = await service.executions.run("open('/workspace/f.txt').read()", session_id="idle")
         assert result.results == [{"text/plain": "'kept'"}]
 
 
@@ -171,17 +175,19 @@ async def test_sessions_resume_after_a_server_restart_with_files_and_packages(
         info = await service.create_session("keep")
         wheel = info.workspace / "corraltiny-1.0-py3-none-any.whl"
         wheel.write_bytes(tiny_wheel())
-        install = await service.execute(
+        install = await service.executions.run(
             "pip install --no-index --quiet /workspace/corraltiny-1.0-py3-none-any.whl",
             session_id="keep",
             language="bash",
         )
         assert install.status == "ok", install.text()
-        await service.execute("open('/workspace/notes.txt','w').write('n')", session_id="keep")
+        await service.executions.run(
+            "open('/workspace/notes.txt','w').write('n')", session_id="keep"
+        )
     async with Service(settings) as again:
         listed = again.get_session("keep")
         assert listed.state == "stopped" and not listed.open
-        result = await again.execute(
+        result = await again.executions.run(
             "import corraltiny, pathlib\n"
             "(corraltiny.VALUE, pathlib.Path('/workspace/notes.txt').read_text())",
             session_id="keep",
@@ -195,14 +201,14 @@ async def test_installed_package_lives_in_the_session_not_the_shared_runtime(
     async with Service(settings) as service:
         info = await service.create_session("pkg")
         (info.workspace / "w.whl").write_bytes(tiny_wheel())
-        await service.execute(
+        await service.executions.run(
             "cp /workspace/w.whl /tmp/corraltiny-1.0-py3-none-any.whl && "
             "pip install --no-index --quiet /tmp/corraltiny-1.0-py3-none-any.whl",
             session_id="pkg",
             language="bash",
         )
         await service.create_session("other")
-        result = await service.execute("import corraltiny", session_id="other")
+        result = await service.executions.run("import corraltiny", session_id="other")
         assert result.status == "error"
         assert result.error is not None and result.error.ename == "ModuleNotFoundError"
         env = settings.sessions_dir / "pkg" / "env"
@@ -226,7 +232,7 @@ async def test_a_cancel_while_the_kernel_starts_means_the_code_never_runs(
     # rather than look for a kernel to interrupt and find none.
     await service.create_session("cold")
     await service.stop_session("cold")
-    execution = service.start_execution("open('ran', 'w').close()", session_id="cold")
+    execution = service.executions.start("open('ran', 'w').close()", session_id="cold")
     session = service.sessions.session_for("cold")
     deadline = time.monotonic() + 30
     while not session.starting:
@@ -235,5 +241,5 @@ async def test_a_cancel_while_the_kernel_starts_means_the_code_never_runs(
     await execution.cancel()
     with pytest.raises(asyncio.CancelledError):
         await execution.result()
-    check = await service.execute("import os; os.path.exists('ran')", session_id="cold")
+    check = await service.executions.run("import os; os.path.exists('ran')", session_id="cold")
     assert check.results == [{"text/plain": "False"}]

@@ -29,7 +29,7 @@ async def test_a_new_session_finds_the_font_list_and_plots_silently(settings: Se
         copy = settings.sessions_dir / "plot" / "env" / "mpl" / font_list.name
         assert copy.read_bytes() == font_list.read_bytes()  # there before the first import
         before = copy.stat().st_mtime_ns
-        result = await service.execute(PLOT, session_id="plot")
+        result = await service.executions.run(PLOT, session_id="plot")
         assert result.status == "ok", result.text()
         assert result.stderr == ""
         assert (info.workspace / "plot.png").stat().st_size > 0
@@ -44,7 +44,7 @@ async def test_a_session_survives_a_corrupt_font_list(service: Service) -> None:
     assert font_list is not None
     info = await service.create_session("broken")
     inside = f"/opt/corral/env/mpl/{font_list.name}"
-    result = await service.execute(
+    result = await service.executions.run(
         f"open({inside!r}, 'w').write('{{not json')\n" + PLOT, session_id="broken"
     )
     assert result.status == "ok", result.text()

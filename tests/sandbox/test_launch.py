@@ -175,7 +175,7 @@ def test_seccomp_applies_to_a_probe(factory: KernelFactory, policy: SandboxPolic
 
 
 async def test_seccomp_applies_to_a_kernel(service: Service) -> None:
-    result = await service.execute(PTRACE, session_id=None)
+    result = await service.executions.run(PTRACE, session_id=None)
     assert result.stdout.strip() == DENIED, result
 
 

@@ -188,7 +188,7 @@ def is_rlimit(service: Service) -> bool:
 
 
 async def run(service: Service, sid: str, code: str, timeout_s: float = 20.0) -> ExecutionResult:
-    return await service.execute(code, session_id=sid, timeout_s=timeout_s)
+    return await service.executions.run(code, session_id=sid, timeout_s=timeout_s)
 
 
 async def value(service: Service, sid: str, code: str) -> Any:
@@ -473,7 +473,7 @@ async def test_time_limit_lowered_live(limited: Service) -> None:
     await limited.create_session("lim-time-live")
     report = await limited.controls.set_limits("lim-time-live", {"exec_timeout_s": 1})
     assert report.changed_now == ("exec_timeout_s",)
-    result = await limited.execute("while True: pass", session_id="lim-time-live")
+    result = await limited.executions.run("while True: pass", session_id="lim-time-live")
     assert (result.status, result.limit) == ("timeout", "time")
     # The lowered limit stopped it, not the configured one: the result names which.
     assert result.message is not None and "1 s time limit" in result.message

@@ -17,7 +17,7 @@ from corral.service import Service
 
 
 async def _py(service: Service, code: str, session: str = "probe") -> str:
-    result = await service.execute(code, session_id=session)
+    result = await service.executions.run(code, session_id=session)
     assert result.status == "ok", result.text()
     return result.stdout.strip()
 
@@ -169,7 +169,7 @@ async def test_unshare_is_refused(sandbox: Service) -> None:
 
 
 async def test_new_user_namespace_is_refused(sandbox: Service) -> None:
-    result = await sandbox.execute(
+    result = await sandbox.executions.run(
         "unshare --user --map-root-user true; echo rc=$?", session_id="probe", language="bash"
     )
     assert "rc=0" not in result.stdout

@@ -115,9 +115,9 @@ async def test_the_default_session_is_followed_before_its_first_use_not_once_del
     """Found by the conformance run's stateful phase: a deleted default session's events
     answered an empty 200 where any other deleted session's answer 404."""
     service.follow_session(DEFAULT_SESSION)  # not created yet: a client may wait for it
-    assert (await service.execute("1 + 1")).status == "ok"
+    assert (await service.executions.run("1 + 1")).status == "ok"
     await service.delete_session(DEFAULT_SESSION)
     with pytest.raises(SessionNotFound):
         service.follow_session(DEFAULT_SESSION)
-    assert (await service.execute("2 + 2")).status == "ok"  # it comes back at its next use
+    assert (await service.executions.run("2 + 2")).status == "ok"  # it comes back at its next use
     service.follow_session(DEFAULT_SESSION)

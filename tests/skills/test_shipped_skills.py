@@ -50,7 +50,7 @@ async def run(svc: Service, skill: str, script: str, args: str) -> str:
     """Run a skill's script in the session's workspace; the command must be in its SKILL.md."""
     command = f"python {SANDBOX_PUBLIC}/{skill}/scripts/{script}"
     assert command in (PUBLIC_DIR / skill / "SKILL.md").read_text(), command
-    result = await svc.execute(f"{command} {args}", session_id=SESSION, language="bash")
+    result = await svc.executions.run(f"{command} {args}", session_id=SESSION, language="bash")
     assert result.status == "ok", result.text()
     return result.stdout
 
@@ -77,7 +77,7 @@ async def test_every_script_starts_in_the_sandbox(svc: Service) -> None:
     code = (
         f"for f in {SANDBOX_PUBLIC}/*/scripts/*.py; do python $f --help >/dev/null || echo $f; done"
     )
-    result = await svc.execute(code, session_id=SESSION, language="bash")
+    result = await svc.executions.run(code, session_id=SESSION, language="bash")
     assert (result.status, result.stdout, result.stderr) == ("ok", "", "")
 
 
@@ -134,7 +134,7 @@ async def test_pdf_form_fields_are_listed_and_filled(svc: Service) -> None:
 async def test_pdf_fill_form_refuses_an_unknown_field(svc: Service) -> None:
     upload(svc, "pdf/form.pdf", form_pdf())
     command = f"python {SANDBOX_PUBLIC}/pdf/scripts/fill_form.py pdf/form.pdf pdf/x.pdf nope=1"
-    result = await svc.execute(command, session_id=SESSION, language="bash")
+    result = await svc.executions.run(command, session_id=SESSION, language="bash")
     assert result.status == "error"
     assert "no field named nope; the form has: city, name" in result.stdout + result.stderr
 
@@ -327,14 +327,15 @@ async def test_pdf_text_replace_changes_the_form_values_that_hold_the_text(svc: 
 async def test_pdf_text_replace_says_when_the_text_is_not_in_any_field(svc: Service) -> None:
     upload(svc, "cr/f.pdf", filled_form_pdf({"name": "ADA", "city": "LONDON"}))
     script = f"{SANDBOX_PUBLIC}/pdf-text-replace/scripts/replace_text_in_pdf.py"
-    result = await svc.execute(
+    result = await svc.executions.run(
         f"python {script} cr/f.pdf PARIS ROME cr/none.pdf; echo rc=$?",
         session_id=SESSION,
         language="bash",
     )
     assert "no form field holds 'PARIS'" in result.text() and "rc=1" in result.stdout
     assert (
-        "none.pdf" not in (await svc.execute("ls cr", session_id=SESSION, language="bash")).stdout
+        "none.pdf"
+        not in (await svc.executions.run("ls cr", session_id=SESSION, language="bash")).stdout
     )
 
 

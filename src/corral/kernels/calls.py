@@ -50,7 +50,7 @@ class CallRunner:
     ) -> ExecutionResult:
         """Run `code` in `session` (from `SessionManager.session_for`), after its earlier
         calls; the language and the timeout were checked by the caller
-        (`Service.start_execution`).
+        (`ExecutionService.start`).
 
         `before_send` is called once, just before the code goes to the kernel; what it
         raises stops the call there, with nothing sent.

@@ -71,7 +71,7 @@ async def execute(request: Request) -> Response:
     if not code:
         return _exec_failure(400, "Missing 'code' or 'command' field in request body")
     try:
-        result = await service_of(request).execute(
+        result = await service_of(request).executions.run(
             code,
             session_id=body.session_id,
             language=body.language,

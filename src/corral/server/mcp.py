@@ -107,7 +107,7 @@ class _Tools:
         try:
             # A stopped session is refused, not started again: MCP clients start and stop
             # sessions themselves, as coderunner's do (SessionClosed says how to resume).
-            execution = self.service.start_execution(
+            execution = self.service.executions.start(
                 code, session_id=session_id, language=language, resume=False
             )
             every_s = self.service.settings.progress_interval_s

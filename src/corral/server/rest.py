@@ -185,7 +185,7 @@ async def _execute(request: Request, session_id: str | None, body: s.ExecuteRequ
     a client that must come back to it (`GET /v1/executions/{id}`).
     """
     mode = _stream_mode(request)
-    execution = service_of(request).start_execution(
+    execution = service_of(request).executions.start(
         body.code,
         session_id=session_id,
         language=body.language,
