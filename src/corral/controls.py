@@ -8,7 +8,7 @@ CLI reads.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from corral.kernels.session import Session
@@ -44,22 +44,6 @@ class LimitsReport:
     best_effort: tuple[str, ...] = ()
     changed_now: tuple[str, ...] | None = None
     changed_at_next_start: tuple[str, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "session_id": self.session_id,
-            "limits": self.limits,
-            "mechanism": self.mechanism,
-            "enforcement": self.enforcement,
-            "usage": None if self.usage is None else asdict(self.usage),
-            "workspace_bytes_used": self.workspace_bytes_used,
-            "workspace_files_used": self.workspace_files_used,
-            "best_effort": list(self.best_effort),
-        }
-        if self.changed_now is not None and self.changed_at_next_start is not None:
-            data["changed_now"] = list(self.changed_now)
-            data["changed_at_next_start"] = list(self.changed_at_next_start)
-        return data
 
 
 @dataclass(frozen=True)

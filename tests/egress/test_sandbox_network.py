@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from corral.kernels.results import ExecutionResult
+from corral.server.operation import wire
+from corral.server.schemas import NetworkPolicyModel
 from corral.service import Service
 from tests.conftest import make_settings
 from tests.loopback import HOST, serve_directory
@@ -193,7 +195,7 @@ async def allow_only(service: Service, *ports: int) -> None:
 
 
 def stats(service: Service) -> dict[str, int]:
-    return dict(service.network.policy(SID).to_dict()["stats"])
+    return dict(wire(NetworkPolicyModel, service.network.policy(SID))["stats"])
 
 
 # -- mode none -----------------------------------------------------------------------------
@@ -333,7 +335,9 @@ async def test_switching_none_allowlist_none_applies_to_the_next_connection(
     url = f"http://{HOST}:{site.port}/hello.txt"
     await net.network.set(SID, "none", [])
     assert fetched(await sh(net, curl(url)))[0] == 403
-    changed = (await net.network.set(SID, "allowlist", [f"{HOST}:{site.port}"])).to_dict()
+    changed = wire(
+        NetworkPolicyModel, await net.network.set(SID, "allowlist", [f"{HOST}:{site.port}"])
+    )
     assert changed["mode"] == "allowlist" and changed["allow"] == [f"{HOST}:{site.port}"]
     status, _, text = fetched(await sh(net, curl(url)))
     assert status == 200 and HELLO in text, text
@@ -395,13 +399,13 @@ async def test_an_open_tunnel_is_cut_when_the_policy_no_longer_allows_it(
     assert opened.results == [{"text/plain": "('HTTP/1.1 200 Connection established', 'PING')"}]
 
     # An unrelated change keeps it: the tunnel is still allowed.
-    kept = (await net.network.allow(SID, ["example.org"])).to_dict()
+    kept = wire(NetworkPolicyModel, await net.network.allow(SID, ["example.org"]))
     assert kept["tunnels_closed"] == 0
     again = await py(net, "exchange(tunnel, b'still')")
     assert again.results == [{"text/plain": "'STILL'"}], again.text()
 
     ended = len(echo.ended)
-    cut = (await net.network.set(SID, "none", [])).to_dict()
+    cut = wire(NetworkPolicyModel, await net.network.set(SID, "none", []))
     assert cut["tunnels_closed"] == 1
     after = await py(net, "exchange(tunnel, b'after'), tunnel.close()")
     assert after.status == "ok", after.text()
@@ -418,7 +422,7 @@ async def test_denying_the_entry_cuts_an_open_tunnel_too(net: Service, echo: Ech
     opened = await py(net, f"tunnel, _ = open_tunnel({echo.port})\nexchange(tunnel, b'x')")
     assert opened.results == [{"text/plain": "'X'"}], opened.text()
     ended = len(echo.ended)
-    denied = (await net.network.deny(SID, [f"{HOST}:{echo.port}"])).to_dict()
+    denied = wire(NetworkPolicyModel, await net.network.deny(SID, [f"{HOST}:{echo.port}"]))
     assert (denied["mode"], denied["allow"], denied["tunnels_closed"]) == ("allowlist", [], 1)
     after = await py(net, "exchange(tunnel, b'y'), tunnel.close()")
     outcome = after.results[0]["text/plain"]

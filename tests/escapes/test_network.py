@@ -31,6 +31,8 @@ from corral.egress import protocol as p
 from corral.egress.proxy import refusal_text, system_resolver
 from corral.egress.rules import Decision
 from corral.errors import FetchFailed
+from corral.server.operation import wire
+from corral.server.schemas import NetworkPolicyModel
 from tests.escapes.battery import SECRET, WEB_HOST, A, B, Host, pending_connections, py
 
 NET = "esc-net"
@@ -126,12 +128,14 @@ async def net(host: Host) -> AsyncIterator[str]:
 
 
 async def allow_only(host: Host, sid: str, *entries: str) -> None:
-    changed = (await host.service.network.set(sid, "allowlist", list(entries))).to_dict()
+    changed = wire(
+        NetworkPolicyModel, await host.service.network.set(sid, "allowlist", list(entries))
+    )
     assert (changed["mode"], changed["allow"]) == ("allowlist", list(entries)), changed
 
 
 def stats(host: Host, sid: str) -> dict[str, int]:
-    return dict(host.service.network.policy(sid).to_dict()["stats"])
+    return dict(wire(NetworkPolicyModel, host.service.network.policy(sid))["stats"])
 
 
 EXCHANGE = """

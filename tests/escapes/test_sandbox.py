@@ -20,6 +20,8 @@ import pytest
 from corral.errors import PathRefused
 from corral.kernels.results import ExecutionResult
 from corral.sandbox.writers import name_of
+from corral.server.operation import wire
+from corral.server.schemas import NetworkPolicyModel
 from corral.tokens import load_tokens
 from tests.conftest import disk_looked_at_again
 from tests.escapes.battery import (
@@ -264,7 +266,7 @@ async def test_hard_link_across_filesystems(host: Host) -> None:
 
 
 def policy_is_none(host: Host, sid: str) -> None:
-    assert host.service.network.policy(sid).to_dict()["mode"] == "none"
+    assert wire(NetworkPolicyModel, host.service.network.policy(sid))["mode"] == "none"
 
 
 async def test_reach_the_server_and_host_ports_with_python_sockets(host: Host) -> None:
@@ -336,7 +338,7 @@ async def test_reach_the_server_and_host_ports_through_the_proxy_with_policy_non
     )
     assert status == [403, True]
     assert (len(host.server_hits), len(host.web_hits)) == before
-    assert host.service.network.policy(A).to_dict()["stats"]["refused"] >= 6
+    assert wire(NetworkPolicyModel, host.service.network.policy(A))["stats"]["refused"] >= 6
 
 
 async def test_open_raw_and_packet_sockets(host: Host) -> None:

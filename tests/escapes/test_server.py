@@ -29,6 +29,8 @@ from corral.config import Settings
 from corral.errors import SessionNotFound
 from corral.server import compat
 from corral.server.app import build_app
+from corral.server.operation import wire
+from corral.server.schemas import NetworkPolicyModel
 from corral.service import Service
 from corral.tokens import Tokens, load_tokens
 from tests.escapes.battery import TOKEN, Host, py
@@ -216,8 +218,8 @@ def target_state(service: Service) -> dict[str, Any] | None:
             "files": asdict(service.files.list(TARGET, ".", recursive=True)),
             "kept": service.files.read(TARGET, KEPT),
             "options": service.sessions.sessions[TARGET].options,
-            "limits": service.controls.limits(TARGET).to_dict()["limits"],
-            "network": service.network.policy(TARGET).to_dict(),
+            "limits": service.controls.limits(TARGET).limits,
+            "network": wire(NetworkPolicyModel, service.network.policy(TARGET)),
         }
     except SessionNotFound:
         return None

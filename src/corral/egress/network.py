@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from corral.config import Settings
 from corral.egress.protocol import Target
@@ -35,9 +34,6 @@ class NetworkStatus:
     policy: Policy
     stats: Mapping[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.policy.to_dict(), "stats": dict(self.stats)}
-
 
 @dataclass(frozen=True)
 class PolicyChange:
@@ -45,9 +41,6 @@ class PolicyChange:
 
     policy: Policy
     tunnels_closed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.policy.to_dict(), "tunnels_closed": self.tunnels_closed}
 
 
 class Network:

@@ -14,7 +14,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from corral.controls import BridgeReport
+from corral.controls import BridgeReport, LimitsReport
+from corral.egress.network import NetworkStatus, PolicyChange
 from corral.errors import InvalidInput
 from corral.execution import Execution
 from corral.files import FileEntry, Listing
@@ -424,8 +425,8 @@ async def admin_stop_session(request: Request) -> SessionInfo:
     "A session's limits, what enforces them and its usage (admin)",
     ok=(200, s.SessionLimitsModel),
 )
-async def admin_get_limits(request: Request) -> dict[str, Any]:
-    return service_of(request).controls.limits(request.path_params["id"]).to_dict()
+async def admin_get_limits(request: Request) -> LimitsReport:
+    return service_of(request).controls.limits(request.path_params["id"])
 
 
 @api(
@@ -436,10 +437,9 @@ async def admin_get_limits(request: Request) -> dict[str, Any]:
     ok=(200, s.SessionLimitsModel),
     description=LIMITS_TEXT,
 )
-async def admin_set_limits(request: Request, body: s.LimitsChange) -> dict[str, Any]:
+async def admin_set_limits(request: Request, body: s.LimitsChange) -> LimitsReport:
     changes = body.model_dump(exclude_none=True)  # the model refuses nulls and {}
-    report = await service_of(request).controls.set_limits(request.path_params["id"], changes)
-    return report.to_dict()  # the changed lists only after a change
+    return await service_of(request).controls.set_limits(request.path_params["id"], changes)
 
 
 @api(
@@ -520,8 +520,8 @@ async def request_network(request: Request, body: s.NetworkAccessRequest) -> Net
     "A session's network policy (admin)",
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_get_network(request: Request) -> dict[str, Any]:
-    return service_of(request).network.policy(request.path_params["id"]).to_dict()
+async def admin_get_network(request: Request) -> NetworkStatus:
+    return service_of(request).network.policy(request.path_params["id"])
 
 
 @api(
@@ -531,11 +531,8 @@ async def admin_get_network(request: Request) -> dict[str, Any]:
     body=s.NetworkPolicyRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> dict[str, Any]:
-    changed = await service_of(request).network.set(
-        request.path_params["id"], body.mode, body.allow
-    )
-    return changed.to_dict()
+async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> PolicyChange:
+    return await service_of(request).network.set(request.path_params["id"], body.mode, body.allow)
 
 
 @api(
@@ -545,9 +542,8 @@ async def admin_set_network(request: Request, body: s.NetworkPolicyRequest) -> d
     body=s.NetworkHostsRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> dict[str, Any]:
-    changed = await service_of(request).network.allow(request.path_params["id"], body.hosts)
-    return changed.to_dict()
+async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> PolicyChange:
+    return await service_of(request).network.allow(request.path_params["id"], body.hosts)
 
 
 @api(
@@ -557,9 +553,8 @@ async def admin_allow_network(request: Request, body: s.NetworkHostsRequest) -> 
     body=s.NetworkHostsRequest,
     ok=(200, s.NetworkPolicyModel),
 )
-async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> dict[str, Any]:
-    changed = await service_of(request).network.deny(request.path_params["id"], body.hosts)
-    return changed.to_dict()
+async def admin_deny_network(request: Request, body: s.NetworkHostsRequest) -> PolicyChange:
+    return await service_of(request).network.deny(request.path_params["id"], body.hosts)
 
 
 @api(

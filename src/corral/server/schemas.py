@@ -499,6 +499,17 @@ class SessionLimitsModel(BaseModel):
     changed_now: list[str] | None = None
     changed_at_next_start: list[str] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _changes_only_after_one(cls, value: Any) -> Any:
+        """A plain look has no changed lists: they are left out, not null."""
+        if not hasattr(value, "changed_now"):
+            return value
+        shown = {name: getattr(value, name) for name in cls.model_fields}
+        if value.changed_now is None or value.changed_at_next_start is None:
+            del shown["changed_now"], shown["changed_at_next_start"]
+        return shown
+
 
 class BridgeRequest(Strict):
     ssh_agent: StrictBool
@@ -530,6 +541,21 @@ class NetworkPolicyModel(BaseModel):
     allow: list[str]
     stats: dict[str, int] | None = None
     tunnels_closed: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_beside_its_numbers(cls, value: Any) -> Any:
+        """The egress keeps a policy apart from its proxy's counters (`NetworkStatus`) or
+        from the tunnels a change closed (`PolicyChange`); the wire has one object."""
+        policy = getattr(value, "policy", None)
+        if policy is None:
+            return value
+        shown = policy.to_dict()
+        if (stats := getattr(value, "stats", None)) is not None:
+            shown["stats"] = dict(stats)
+        if (closed := getattr(value, "tunnels_closed", None)) is not None:
+            shown["tunnels_closed"] = closed
+        return shown
 
 
 class NetworkRequestModel(BaseModel):
