@@ -14,6 +14,8 @@ import pytest
 from corral.audit import MAX_CODE_BYTES, MAX_QUERY_LIMIT, ROTATE_EVERY_WRITES, AuditLog
 from corral.config import Settings
 from corral.errors import InvalidInput, SandboxError
+from corral.server.operation import wire
+from corral.server.schemas import AuditEntryModel, AuditPageModel
 from corral.service import Service
 from corral.store import SessionRecord, Store
 
@@ -34,7 +36,7 @@ def test_execution_is_read_back_with_every_field(audit: AuditLog) -> None:
         "s1", "python", "print(1)", status="ok", duration_s=0.25, output_bytes=2, at=1000.0
     )
     (entry,) = audit.query().entries
-    assert entry.to_dict() == {
+    assert wire(AuditEntryModel, entry) == {
         "id": new_id,
         "at": 1000.0,
         "kind": "execution",
@@ -75,7 +77,7 @@ def test_admin_action_is_read_back_with_its_json_detail(audit: AuditLog) -> None
         "cli",
     )
     assert entry.detail == detail
-    assert json.loads(json.dumps(entry.to_dict()))["detail"] == detail
+    assert json.loads(json.dumps(wire(AuditEntryModel, entry)))["detail"] == detail
 
 
 def test_network_decision_fits_the_generic_record(audit: AuditLog) -> None:
@@ -378,7 +380,9 @@ async def test_the_service_writes_records_in_order_and_reads_them_all(settings: 
         await service.create_session("ordered")
         for n in range(12):
             await service.executions.run(f"{n}", session_id="ordered")
-        page = (await service.audit.page(kind="execution", session="ordered", limit=50)).to_dict()
+        page = wire(
+            AuditPageModel, await service.audit.page(kind="execution", session="ordered", limit=50)
+        )
         codes = [entry["code"] for entry in reversed(page["entries"])]
         assert codes == [str(n) for n in range(12)]
 
@@ -397,8 +401,8 @@ async def test_a_locked_audit_database_never_holds_up_an_execution(settings: Set
             holder.execute("COMMIT")
             holder.close()
         assert result.stdout == "ran\n"
-        entries = (await service.audit.page(kind="execution", session="unheld")).to_dict()[
-            "entries"
-        ]
+        entries = wire(
+            AuditPageModel, await service.audit.page(kind="execution", session="unheld")
+        )["entries"]
         assert [entry["code"] for entry in entries] == ["print('ran')"]
         print(f"execution answered in {answered:.3f} s while the database was locked")

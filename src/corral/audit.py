@@ -114,24 +114,6 @@ class AuditEntry:
     status: str | None = None
     output_bytes: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with every field, `detail` decoded."""
-        return {
-            "id": self.id,
-            "at": self.at,
-            "kind": self.kind,
-            "session": self.session,
-            "actor": self.actor,
-            "action": self.action,
-            "target": self.target,
-            "detail": dict(self.detail),
-            "language": self.language,
-            "code": self.code,
-            "duration_s": self.duration_s,
-            "status": self.status,
-            "output_bytes": self.output_bytes,
-        }
-
 
 @dataclass(frozen=True)
 class AuditPage:
@@ -139,12 +121,6 @@ class AuditPage:
 
     entries: tuple[AuditEntry, ...]
     next_before_id: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "entries": [entry.to_dict() for entry in self.entries],
-            "next_before_id": self.next_before_id,
-        }
 
 
 class AuditLog:

@@ -26,6 +26,8 @@ from corral.audit import AuditLog
 from corral.browser.fetch import PageResult
 from corral.config import Settings
 from corral.kernels.results import ExecutionResult
+from corral.server.operation import wire
+from corral.server.schemas import AuditPageModel
 from corral.service import Service
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.archive import unpack_skill_zip
@@ -42,7 +44,7 @@ def audit_page(settings: Settings, **query: Any) -> dict[str, Any]:
     """One page of the audit log, read from the database (`AuditLog.query`'s arguments)."""
     log = AuditLog(settings.db_path)
     try:
-        return log.query(**query).to_dict()
+        return wire(AuditPageModel, log.query(**query))
     finally:
         log.close()
 

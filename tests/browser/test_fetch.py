@@ -29,6 +29,8 @@ import pytest
 
 from corral.browser.fetch import BROWSER_PREFIX, START_MARGIN_S, find_chromium
 from corral.errors import FetchFailed, FetchTimedOut, InvalidInput
+from corral.server.operation import wire
+from corral.server.schemas import AuditPageModel
 from corral.service import Service
 from tests.conftest import make_settings
 from tests.loopback import HOST
@@ -459,7 +461,9 @@ async def test_private_subresources_are_refused_and_the_page_still_loads(
     assert any(note.startswith("the browsing policy refused: 127.0.0.1:") for note in page.notes())
     denied = {
         entry["target"]
-        for entry in (await browsing.audit.page(kind="network", limit=500)).to_dict()["entries"]
+        for entry in wire(AuditPageModel, await browsing.audit.page(kind="network", limit=500))[
+            "entries"
+        ]
         if entry["action"] == "deny" and entry["session"].startswith(BROWSER_PREFIX)
     }
     assert {f"127.0.0.1:{site.private.ports[kind]}" for kind in PRIVATE_KINDS} <= denied

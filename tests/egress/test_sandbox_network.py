@@ -26,7 +26,7 @@ import pytest
 
 from corral.kernels.results import ExecutionResult
 from corral.server.operation import wire
-from corral.server.schemas import NetworkPolicyModel
+from corral.server.schemas import AuditPageModel, NetworkPolicyModel
 from corral.service import Service
 from tests.conftest import make_settings
 from tests.loopback import HOST, serve_directory
@@ -477,7 +477,9 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     await allow_only(net, site.port)
     await sh(net, curl(f"http://{HOST}:{site.port}/hello.txt"))
     await sh(net, curl(f"http://{HOST}:{site.other}/hello.txt"))
-    entries = (await net.audit.page(kind="network", session=SID, limit=2)).to_dict()["entries"]
+    entries = wire(AuditPageModel, await net.audit.page(kind="network", session=SID, limit=2))[
+        "entries"
+    ]
     refused, allowed = entries  # newest first
     assert allowed["action"] == "allow" and allowed["target"] == f"{HOST}:{site.port}"
     assert allowed["detail"]["rule"] == f"address listed: {HOST}:{site.port}"
@@ -485,7 +487,9 @@ async def test_the_audit_log_records_each_decision_with_its_rule(net: Service, s
     assert refused["action"] == "deny" and refused["target"] == f"{HOST}:{site.other}"
     assert "not listed by address" in refused["detail"]["rule"]
     assert refused["detail"]["allowed"] is False
-    changes = (await net.audit.page(kind="admin", session=SID, limit=1)).to_dict()["entries"]
+    changes = wire(AuditPageModel, await net.audit.page(kind="admin", session=SID, limit=1))[
+        "entries"
+    ]
     assert changes[0]["action"] == "set_network"
 
 

@@ -30,7 +30,7 @@ from corral.errors import SessionNotFound
 from corral.server import compat
 from corral.server.app import build_app
 from corral.server.operation import wire
-from corral.server.schemas import NetworkPolicyModel
+from corral.server.schemas import AuditPageModel, NetworkPolicyModel
 from corral.service import Service
 from corral.tokens import Tokens, load_tokens
 from tests.escapes.battery import TOKEN, Host, py
@@ -201,7 +201,7 @@ async def service_state(host: Host) -> dict[str, Any]:
     """What a call let through by mistake would change: the sessions, TARGET, the network
     requests, the skills and the audit log's newest entry."""
     service = host.service
-    newest = (await service.audit.page(limit=1)).to_dict()["entries"]
+    newest = wire(AuditPageModel, await service.audit.page(limit=1))["entries"]
     return {
         "sessions": sorted((info.id, info.state) for info in service.list_sessions()),
         "target": target_state(service),
@@ -493,7 +493,9 @@ async def at_least(entries: Awaitable[list[str]], count: int) -> bool:
 
 
 async def bridge_actions(host: Host) -> list[str]:
-    entries = (await host.service.audit.page(kind="bridge", session=BRIDGED)).to_dict()["entries"]
+    entries = wire(AuditPageModel, await host.service.audit.page(kind="bridge", session=BRIDGED))[
+        "entries"
+    ]
     return [entry["action"] for entry in reversed(entries)]
 
 

@@ -24,6 +24,8 @@ from corral.config import Settings
 from corral.controls import BridgeReport
 from corral.errors import InvalidInput
 from corral.kernels.run import SANDBOX_AGENT_SOCK, SANDBOX_BRIDGE_DIR
+from corral.server.operation import wire
+from corral.server.schemas import AuditPageModel
 from corral.service import Service
 
 EXEC_S = 30.0
@@ -109,7 +111,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
 
 
 async def bridge_actions(service: Service, sid: str) -> list[str]:
-    entries = (await service.audit.page(kind="bridge", session=sid)).to_dict()["entries"]
+    entries = wire(AuditPageModel, await service.audit.page(kind="bridge", session=sid))["entries"]
     return [entry["action"] for entry in reversed(entries)]
 
 
@@ -199,7 +201,9 @@ async def test_raw_connections_without_the_token_get_no_byte_and_are_audited(
     ]
     token = (await run(service, "raw", "print(open('/run/corral-bridge/token').read())")).strip()
     assert len(token) == 64
-    assert token not in json.dumps((await service.audit.page(limit=1000)).to_dict()["entries"])
+    assert token not in json.dumps(
+        wire(AuditPageModel, await service.audit.page(limit=1000))["entries"]
+    )
 
 
 async def test_a_session_without_the_bridge_has_no_agent(
@@ -236,7 +240,7 @@ async def test_enabling_the_bridge_takes_effect_at_the_next_start(
     assert host_agent.fingerprint in listed
     off = await service.controls.set_bridge("later", False)
     assert off.active is True and off.restart_needed is True
-    admin = (await service.audit.page(kind="admin", session="later")).to_dict()["entries"]
+    admin = wire(AuditPageModel, await service.audit.page(kind="admin", session="later"))["entries"]
     assert [e["action"] for e in admin] == ["set_bridge"] * 3
 
 

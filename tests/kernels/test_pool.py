@@ -17,6 +17,8 @@ from corral.config import Settings
 from corral.errors import InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import SessionManager
+from corral.server.operation import wire
+from corral.server.schemas import AuditPageModel
 from corral.service import Service
 from tests.loopback import HOST, serve_directory
 
@@ -141,7 +143,9 @@ async def test_the_egress_socket_speaks_for_the_session_that_took_it(
         await pooled.network.allow("netpool", [f"{HOST}:{port}"])
         allowed = await run(pooled, "netpool", code, language="bash")
         assert allowed.stdout.strip() == "200"
-    decisions = (await pooled.audit.page(kind="network", session="netpool")).to_dict()["entries"]
+    decisions = wire(AuditPageModel, await pooled.audit.page(kind="network", session="netpool"))[
+        "entries"
+    ]
     assert decisions, "the proxy's decisions are audited under the session's name"
 
 

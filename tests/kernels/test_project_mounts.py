@@ -26,6 +26,8 @@ from corral.config import Settings
 from corral.errors import Conflict, InvalidInput, MountNotFound
 from corral.kernels.projects import MountBusy
 from corral.mounts import configured_mounts
+from corral.server.operation import wire
+from corral.server.schemas import AuditPageModel
 from corral.service import Service
 from tests.server.conftest import free_port
 from tests.snippets import git as run_git
@@ -124,7 +126,9 @@ async def outcomes(service: Service, sid: str, ops: dict[str, str]) -> dict[str,
 
 async def reported(service: Service, sid: str) -> list[str]:
     """Every name in the session's "protected" audit entries, oldest first."""
-    entries = (await service.audit.page(kind="protected", session=sid)).to_dict()["entries"]
+    entries = wire(AuditPageModel, await service.audit.page(kind="protected", session=sid))[
+        "entries"
+    ]
     return [name for entry in reversed(entries) for name in entry["detail"]["names"]]
 
 
@@ -378,7 +382,9 @@ async def test_existing_trusted_files_are_the_sessions_own_to_change(
         assert inside == secret  # the session sees its own version
         await service.stop_session("names")
         names = await reported(service, "names")
-        audit = json.dumps((await service.audit.page(kind="protected")).to_dict()["entries"])
+        audit = json.dumps(
+            wire(AuditPageModel, await service.audit.page(kind="protected"))["entries"]
+        )
     assert set(names) == {".claude/settings.json", ".mcp.json", EXTRA}
     assert secret not in audit
     for rel in (*TRUSTED, EXTRA):

@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from corral.audit import AuditPage
 from corral.controls import BridgeReport, LimitsReport
 from corral.egress.network import NetworkStatus, PolicyChange
 from corral.errors import InvalidInput
@@ -402,11 +403,10 @@ async def delete_file(request: Request, query: q.FileDeleteQuery) -> Response:
     query=q.AuditQuery,
     ok=(200, s.AuditPageModel),
 )
-async def admin_audit(request: Request, query: q.AuditQuery) -> dict[str, Any]:
-    page = await service_of(request).audit.page(
+async def admin_audit(request: Request, query: q.AuditQuery) -> AuditPage:
+    return await service_of(request).audit.page(
         kind=query.kind, session=query.session, before_id=query.before_id, limit=query.limit
     )
-    return page.to_dict()  # an entry's details are its own fields (AuditEntryModel)
 
 
 @api(

@@ -266,10 +266,22 @@ class HealthModel(BaseModel):
 
 
 class AuditEntryModel(BaseModel):
+    """One entry; the execution fields are null for every other kind."""
+
     model_config = ConfigDict(extra="allow")
     id: int
     at: float
     kind: str
+    actor: str
+    action: str
+    session: str | None
+    target: str | None
+    detail: dict[str, Any]
+    language: str | None
+    code: str | None
+    duration_s: float | None
+    status: str | None
+    output_bytes: int | None
 
 
 class AuditPageModel(BaseModel):
