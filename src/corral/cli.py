@@ -37,7 +37,7 @@ from corral.remote import Remote, connect, discover
 from corral.sandbox.limits import format_size
 from corral.server import admin, rest
 from corral.server.operation import Handler, wire
-from corral.server.schemas import ExecutionResultModel, SkillList
+from corral.server.schemas import ExecutionResultModel, PageModel, SkillList
 from corral.service import Service
 from corral.skills import user_dir
 from corral.texts import skills_text
@@ -140,7 +140,7 @@ def fetch(url: str, screenshot: Path | None, timeout_s: float | None, as_json: b
     if screenshot is not None and page.screenshot_png is not None:
         screenshot.write_bytes(page.screenshot_png)
     if as_json:
-        click.echo(json.dumps(page.to_dict(), indent=2))
+        click.echo(json.dumps(wire(PageModel, page), indent=2))
         return
     click.echo(f"{page.title} <{page.url}>\n")
     click.echo(page.text)

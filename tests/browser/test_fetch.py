@@ -30,7 +30,7 @@ import pytest
 from corral.browser.fetch import BROWSER_PREFIX, START_MARGIN_S, find_chromium
 from corral.errors import FetchFailed, FetchTimedOut, InvalidInput
 from corral.server.operation import wire
-from corral.server.schemas import AuditPageModel
+from corral.server.schemas import AuditPageModel, PageModel
 from corral.service import Service
 from tests.conftest import make_settings
 from tests.loopback import HOST
@@ -349,7 +349,7 @@ async def test_only_visible_text_is_returned(browsing: Service, site: Site) -> N
     for hidden in ("hidden-by-display-none", "hidden-by-attribute", "text-inside-a-script"):
         assert hidden not in page.text
     assert page.screenshot_png is None
-    assert page.to_dict()["screenshot_png_base64"] is None
+    assert wire(PageModel, page)["screenshot_png_base64"] is None
 
 
 async def test_a_redirect_chain_ends_at_the_final_url(browsing: Service, site: Site) -> None:

@@ -19,7 +19,7 @@ import os
 import shutil
 import subprocess
 import urllib.parse
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +92,6 @@ class PageResult:
         if self.refused:
             notes.append("the browsing policy refused: " + ", ".join(self.refused[:20]))
         return notes
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        png = data.pop("screenshot_png")
-        data["screenshot_png_base64"] = base64.b64encode(png).decode("ascii") if png else None
-        data["notes"] = self.notes()
-        return data
 
 
 def validate_url(url: object) -> str:

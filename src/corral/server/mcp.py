@@ -253,7 +253,7 @@ def page_content(page: PageResult) -> CallToolResult:
     if page.screenshot_png is not None:
         data = base64.b64encode(page.screenshot_png).decode("ascii")
         blocks.append(ImageContent(type="image", data=data, mime_type="image/png"))
-    structured = PageModel.model_validate(page.to_dict()).model_dump(mode="json")
+    structured = wire(PageModel, page)
     return CallToolResult(content=blocks, structured_content=structured)
 
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from corral.audit import AuditPage
+from corral.browser.fetch import PageResult
 from corral.controls import BridgeReport, LimitsReport
 from corral.egress.network import NetworkStatus, PolicyChange
 from corral.errors import InvalidInput
@@ -490,11 +491,10 @@ async def skill_file(request: Request) -> Response:
     ok=(200, s.PageModel),
     extra_errors=FETCH_ERRORS,
 )
-async def browser_fetch(request: Request, body: s.FetchRequest) -> dict[str, Any]:
-    page = await service_of(request).browser.fetch(
+async def browser_fetch(request: Request, body: s.FetchRequest) -> PageResult:
+    return await service_of(request).browser.fetch(
         body.url, screenshot=body.screenshot, timeout_s=body.timeout_s
     )
-    return page.to_dict()  # the screenshot as base64, and the notes for the agent
 
 
 # -- network ---------------------------------------------------------------------------------

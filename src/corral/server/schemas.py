@@ -6,6 +6,7 @@ routes accept.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -403,6 +404,19 @@ class PageModel(BaseModel):
     screenshot_png_base64: str | None
     elapsed_s: float
     notes: list[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_page(cls, value: Any) -> Any:
+        """A fetch's result as the browser gives it: the PNG's bytes as base64, and the
+        notes an agent reads about what is missing."""
+        if not hasattr(value, "screenshot_png"):
+            return value
+        shown = {name: getattr(value, name) for name in cls.model_fields if hasattr(value, name)}
+        png = value.screenshot_png
+        shown["screenshot_png_base64"] = base64.b64encode(png).decode("ascii") if png else None
+        shown["notes"] = value.notes()
+        return shown
 
 
 class SkillModel(BaseModel):
