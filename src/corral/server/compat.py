@@ -7,7 +7,6 @@ routes answer 200 with `status` "success" or "error", as coderunner does.
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
 
@@ -22,7 +21,7 @@ from corral.kernels.sessions import SessionInfo
 from corral.server import schemas as s
 from corral.server.auth import role_of
 from corral.server.errors import status_of
-from corral.server.operation import Api, service_of
+from corral.server.operation import Api, service_of, wire
 from corral.server.queries import CompatSessionQuery, CompatStopQuery
 from corral.server.schemas import (
     CompatBrowserRequest,
@@ -43,14 +42,6 @@ STOP_TEXT = (
 # Each handler reads its own input (`parse=False`): a bad one is answered in coderunner's
 # shape for that route, not corral's.
 api = Api()
-
-
-def session_view(info: SessionInfo) -> dict[str, Any]:
-    """coderunner's shape: `active` while the session is open (even when its kernel was
-    stopped for idleness: the next call starts one), `stopped` once it was stopped."""
-    created = datetime.datetime.fromtimestamp(info.created_at, datetime.UTC).isoformat()
-    shown = "active" if info.open else "stopped"
-    return {"session_id": info.id, "status": shown, "created_at": created}
 
 
 @api(
@@ -127,7 +118,7 @@ async def _session_body(request: Request) -> dict[str, Any] | Response:
 
 async def _created(request: Request, session_id: str | None) -> Response:
     info = await service_of(request).create_session(session_id, actor=role_of(request.scope).value)
-    return JSONResponse(session_view(info), status_code=201)
+    return JSONResponse(wire(s.CompatSession, info), status_code=201)
 
 
 @api(
@@ -143,14 +134,14 @@ async def get_session(request: Request) -> Response:
     session_id = request.query_params.get("session_id")
     service = service_of(request)
     if session_id is None:
-        return JSONResponse({"sessions": [session_view(i) for i in service.active_sessions()]})
+        return JSONResponse(wire(s.CompatSessionList, {"sessions": service.active_sessions()}))
     return await _call(lambda: _got(service.get_session(session_id)))
 
 
 async def _got(info: SessionInfo) -> Response:
     if not info.open:  # coderunner forgets a stopped session
         raise e.SessionNotFound(info.id)
-    return JSONResponse(session_view(info))
+    return JSONResponse(wire(s.CompatSession, info))
 
 
 @api(
@@ -183,7 +174,7 @@ async def delete_session(request: Request) -> Response:
 async def _stopped(request: Request, session_id: str) -> Response:
     actor = role_of(request.scope).value
     info = await service_of(request).stop_session(session_id, actor=actor, only_open=True)
-    return JSONResponse(session_view(info))
+    return JSONResponse(wire(s.CompatSession, info))
 
 
 async def _call(action: Any) -> Response:

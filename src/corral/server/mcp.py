@@ -23,10 +23,10 @@ from corral.browser.fetch import PageResult
 from corral.errors import CorralError
 from corral.files import FileEntry, Listing
 from corral.kernels.results import ExecutionResult
-from corral.server.compat import session_view
 from corral.server.operation import wire
 from corral.server.progress import report_progress
 from corral.server.schemas import (
+    CompatSession,
     ExecutionResultModel,
     FileListing,
     PageModel,
@@ -63,14 +63,8 @@ INSTRUCTIONS = (
 )
 
 
-class SessionView(BaseModel):
-    session_id: str
-    status: str
-    created_at: str
-
-
 class SessionViews(BaseModel):
-    result: list[SessionView]  # coderunner's shape: its clients read structuredContent.result
+    result: list[CompatSession]  # coderunner's shape: its clients read structuredContent.result
 
 
 class WriteResult(BaseModel):
@@ -153,17 +147,17 @@ class _Tools:
 
     async def start_python_session(
         self, session_id: NewSessionId = None, mounts: Mounts = None
-    ) -> SessionView:
+    ) -> CompatSession:
         info = await _tool_call(self.service.create_session(session_id, mounts=mounts or ()))
-        return SessionView(**session_view(info))
+        return CompatSession.model_validate(info)
 
     async def list_python_sessions(self) -> SessionViews:
-        views = [SessionView(**session_view(i)) for i in self.service.active_sessions()]
+        views = [CompatSession.model_validate(i) for i in self.service.active_sessions()]
         return SessionViews(result=views)
 
-    async def stop_python_session(self, session_id: StopSessionId) -> SessionView:
+    async def stop_python_session(self, session_id: StopSessionId) -> CompatSession:
         info = await _tool_call(self.service.stop_session(session_id, only_open=True))
-        return SessionView(**session_view(info))
+        return CompatSession.model_validate(info)
 
     async def list_files(
         self, path: FolderPath = ".", session_id: SessionId = None, recursive: Recursive = False

@@ -7,6 +7,7 @@ routes accept.
 from __future__ import annotations
 
 import base64
+import datetime
 import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -322,6 +323,18 @@ class CompatSession(BaseModel):
     session_id: str
     status: Literal["active", "stopped"]
     created_at: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_session(cls, value: Any) -> Any:
+        """coderunner's view of a session (`SessionInfo`): `active` while it is open (even
+        when its kernel was stopped for idleness: the next call starts one), `stopped` once
+        it was stopped; its creation as an ISO 8601 time."""
+        if not hasattr(value, "open"):
+            return value
+        created = datetime.datetime.fromtimestamp(value.created_at, datetime.UTC)
+        shown = "active" if value.open else "stopped"
+        return {"session_id": value.id, "status": shown, "created_at": created.isoformat()}
 
 
 class CompatSessionList(BaseModel):
