@@ -14,7 +14,9 @@ what writes, at once and whether code runs or not:
   to be killed twice in one idle period, is stopped; its next call starts a fresh kernel
   and says why;
 - what wrote is named by the data pages it dirtied, or, when the session grew with none
-  dirtied (files created empty), by the CPU it used meanwhile (`DiskWatch.look`).
+  dirtied (files created empty), by the CPU it used meanwhile (`DiskWatch.look`); growth
+  below that noise with no page dirtied stops nothing (the filesystem's own blocks, such as
+  a file's extent tree written back after the host put it there).
 
 Signals are sent from the patrol's thread; what needs the event loop (stopping a kernel for
 good) is handed to it, and what was stopped is told in the session's next result
@@ -96,6 +98,12 @@ class DiskPatrol:
 
         The note goes to the session before any signal (the code stopped now must find it
         when its result is made), or, when a kernel is to be stopped for good, once it is."""
+        if not hit.writers and not hit.grew_past_noise():
+            # No process wrote and the growth is what the filesystem itself adds (blocks an
+            # extent tree takes at writeback, say): no writer to stop, no strike. Growth
+            # that goes on is judged at the next look, which is no baseline.
+            log.debug("session %s: %s bytes of growth with no writer", session.id, hit.grown)
+            return
         running = _running_kernel(session)
         if running is not None and not session.disk.stop_running_code(hit):
             log.debug("session %s: code began after the look that found growth", session.id)
