@@ -1,5 +1,6 @@
-"""The clean `/v1` REST API: thin handlers that call the service and shape JSON, each
-declared once with its route and its OpenAPI entry (`corral.server.operation`).
+"""The clean `/v1` REST API: thin handlers that call the service and return what it
+returns, each declared once with its route, its OpenAPI entry and the model that writes its
+answer (`corral.server.operation`); only the streams are written here.
 
 Errors are not handled here: the app maps `corral.errors` and validation failures to
 statuses in one place (`corral.server.errors`).
