@@ -8,6 +8,7 @@ always used, so a journal left by an older server is still replayed.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -22,15 +23,15 @@ def _now() -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AuditEntry:
+class AuditEntry(abc.ABC):
     """One entry, stamped with when it happened (not when the database took it)."""
 
     TAG: ClassVar[str]
     at: float = field(default_factory=_now)
 
+    @abc.abstractmethod
     def write(self, audit: AuditLog, key: str) -> None:
         """Write this entry under `key` (writing one key twice changes nothing)."""
-        raise NotImplementedError
 
     def fields(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -37,7 +37,11 @@ from corral.store import Store
 
 def stored_sessions(settings: Settings) -> list[dict[str, Any]]:
     """The sessions' records as stored (all stopped: no server runs them)."""
-    return [asdict(record) for record in Store(settings.db_path).all()]
+    store = Store(settings.db_path)
+    try:
+        return [asdict(record) for record in store.all()]
+    finally:
+        store.close()
 
 
 def audit_page(settings: Settings, **query: Any) -> dict[str, Any]:

@@ -45,20 +45,24 @@ class SessionRecords:
         refusal is logged; it is stored again at its next change)."""
         record = _new_record(session_id)
         self.store.later(self.store.put, record)
-        return self.make(record)
+        return self.made(record)
+
+    def made(self, record: SessionRecord) -> Session:
+        """A new session of `record`, its workspace folder made."""
+        session = self.make(record)
+        session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return session
 
     def make(self, record: SessionRecord, options: dict[str, Any] | None = None) -> Session:
-        """The session of `record`, its workspace folder made; stored limit changes that are
-        no longer valid fall back to the defaults."""
+        """The session of `record` (a stored one's folders are there already); stored limit
+        changes that are no longer valid fall back to the defaults."""
         options = options if options is not None else {}
         limits = self.settings.limits
         with contextlib.suppress(InvalidInput):
             limits = limits.changed(options.get("limits", {}))
         root = self.settings.sessions_dir / record.id
         paths = SessionPaths(workspace=root / "workspace", env=root / "env")
-        session = Session(record, paths, limits, options)
-        session.paths.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return session
+        return Session(record, paths, limits, options)
 
     def touch(self, session: Session) -> None:
         # Kept in memory on the hot path; written with the next state change or at close.

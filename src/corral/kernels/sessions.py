@@ -246,5 +246,5 @@ class SessionManager:
         record = await self.records.stored_new(session_id)
         if session_id in self.sessions:  # made meanwhile, by a call that did not wait
             raise SessionExists(session_id)
-        session = self.sessions[session_id] = self.records.make(record)
+        session = self.sessions[session_id] = self.records.made(record)
         return session

@@ -41,12 +41,9 @@ class KernelStarter:
         kernel = session.kernels.get(language)
         if kernel is not None and await kernel.is_alive():
             return False
-        lost = kernel is not None or language in session.lost
         if kernel is not None:
-            await self.factory.drop_kernel(session, language)
-        await self.start(session, language)
-        session.lost.discard(language)
-        return lost
+            await self.drop_lost(session, language)
+        return await self.for_call(session, language)
 
     async def for_call(self, session: Session, language: str) -> bool:
         """A kernel for a call, started when there is none; True when that replaces one the
