@@ -47,7 +47,7 @@ async def overshoot(manager: SessionManager, code: str) -> tuple[float, float]:
         elapsed = time.perf_counter() - started
         if result.limit != "disk":
             raise RuntimeError(f"the writer was not stopped by the disk limit: {result.text()}")
-        used = measure(manager.sessions[session_id]._written_paths())[0] / MIB
+        used = measure(manager.session(session_id)._written_paths())[0] / MIB
         return max(0.0, used - LIMIT_MIB), used / elapsed * TICK_S
     finally:
         await manager.delete(session_id)

@@ -59,7 +59,7 @@ async def corral_fleet(
         yield ids
     finally:
         await asyncio.gather(
-            *(manager.delete(session_id) for session_id in ids if session_id in manager.sessions)
+            *(manager.delete(session_id) for session_id in ids if manager.exists(session_id))
         )
 
 

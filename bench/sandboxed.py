@@ -64,7 +64,7 @@ async def corral_session(manager: SessionManager) -> AsyncIterator[str]:
     try:
         yield session_id
     finally:
-        if session_id in manager.sessions:
+        if manager.exists(session_id):
             await manager.delete(session_id)
 
 
@@ -74,7 +74,7 @@ def sandbox_pid(manager: SessionManager, session_id: str) -> int:
 
     Raises `RuntimeError` when the session has no running python kernel.
     """
-    kernel = manager.sessions[session_id].kernels.get("python")
+    kernel = manager.session(session_id).kernels.get("python")
     process = kernel.sandbox.process if kernel is not None else None
     if process is None:
         raise RuntimeError(f"session {session_id} has no running python kernel")

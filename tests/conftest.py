@@ -92,7 +92,7 @@ async def sandbox(shared_service: Service) -> Service:
 async def disk_looked_at_again(service: Service, sid: str, timeout_s: float = 20.0) -> None:
     """Wait, bounded, until the disk patrol has measured the session once more: after the
     test changed its files from the host, the session is judged by what it holds now."""
-    session = service.sessions.sessions[sid]
+    session = service.sessions.session(sid)
     watch = session.disk
     since = time.monotonic()
     if not session.kernels:  # the patrol watches running sessions only

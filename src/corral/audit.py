@@ -23,16 +23,15 @@ written again, so a journal can be replayed whole.
 The log is bounded: rows older than `max_age_s` and the oldest rows past `max_rows` are removed
 on open and every `ROTATE_EVERY_WRITES` writes, never on every write. Code past
 `MAX_CODE_BYTES` is stored truncated, with a marker saying how many bytes were cut.
+
+This module checks and shapes entries; `corral.audit_table` holds the SQL, the connection and
+the writes kept from a refusal.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
-import sqlite3
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,11 +39,10 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
-from corral.errors import InvalidInput, SandboxError, StateUnavailable
-from corral.store import database_problem, open_database
-
-# One write: a statement and its parameters.
-_Write = tuple[str, tuple[Any, ...]]
+from corral.audit_table import MAX_PENDING as MAX_PENDING
+from corral.audit_table import ROTATE_EVERY_WRITES as ROTATE_EVERY_WRITES
+from corral.audit_table import AuditTable, Row
+from corral.errors import InvalidInput
 
 KINDS: Final = ("execution", "session", "admin", "network", "bridge", "protected", "server")
 # "system" is corral acting on its own, e.g. stopping an idle session.
@@ -56,44 +54,6 @@ SERVER_EVENTS: Final = ("stopped-uncleanly",)
 
 MAX_CODE_BYTES: Final = 1024 * 1024
 MAX_QUERY_LIMIT: Final = 1000
-ROTATE_EVERY_WRITES: Final = 500
-MAX_PENDING: Final = 1000  # refused entries kept in memory until the database takes them
-
-_log = logging.getLogger(__name__)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    session TEXT,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL,
-    target TEXT,
-    detail TEXT NOT NULL DEFAULT '{}',
-    language TEXT,
-    code TEXT,
-    duration_s REAL,
-    status TEXT,
-    output_bytes INTEGER,
-    entry_key TEXT
-);
-CREATE INDEX IF NOT EXISTS audit_kind_id ON audit(kind, id);
-CREATE INDEX IF NOT EXISTS audit_session_id ON audit(session, id);
-CREATE INDEX IF NOT EXISTS audit_at ON audit(at);
-"""
-# Made after the schema, once a database from before keys has the column (`_add_keys`).
-_KEY_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS audit_entry_key ON audit(entry_key)"
-_INSERT: Final = (
-    "INSERT OR IGNORE INTO audit(at, kind, session, actor, action, target, detail, "
-    "language, code, duration_s, status, output_bytes, entry_key) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-_COLUMNS = (
-    "id, at, kind, session, actor, action, target, detail, "
-    "language, code, duration_s, status, output_bytes"
-)
 
 
 @dataclass(frozen=True)
@@ -142,19 +102,7 @@ class AuditLog:
                 f"the audit log needs positive limits, not max_rows={max_rows} "
                 f"and max_age_s={max_age_s}"
             )
-        self._max_rows = max_rows
-        self._max_age_s = max_age_s
-        self._lock = threading.Lock()
-        self._writes_since_rotation = 0
-        self._pending: list[_Write] = []  # writes the database refused, oldest first
-        self.dropped = 0  # refused writes let go past `MAX_PENDING`
-        self._db = open_database(path, _SCHEMA, "the audit log")
-        try:
-            _add_keys(self._db)
-        except SandboxError:
-            self._db.close()
-            raise
-        self._rotate_quietly()  # a database locked by another program must not stop a start
+        self._table = AuditTable(path, max_rows=max_rows, max_age_s=max_age_s)
 
     def record_execution(
         self,
@@ -213,27 +161,23 @@ class AuditLog:
         """Complete the entry `begin_execution` made with key `begun`; returns how many
         entries changed (0 when there is none: rotated away, or never begun)."""
         _check_outcome(status, duration_s, output_bytes)
-        return self._write(
-            "an execution",
-            (
-                "UPDATE audit SET status = ?, duration_s = ?, output_bytes = ? "
-                "WHERE entry_key = ? AND kind = 'execution'",
-                (status, float(duration_s), output_bytes, begun),
-            ),
+        update = (
+            "UPDATE audit SET status = ?, duration_s = ?, output_bytes = ? "
+            "WHERE entry_key = ? AND kind = 'execution'"
+        )
+        return self._table.write(
+            "an execution", (update, (status, float(duration_s), output_bytes, begun))
         )
 
     def mark_interrupted(self, reason: str) -> int:
         """Executions still `running` (the server stopped before they ended): `interrupted`,
         with `reason` as their detail's `interrupted`; returns how many."""
-        return self._write(
-            "an execution",
-            (
-                "UPDATE audit SET status = 'interrupted', "
-                "detail = json_set(detail, '$.interrupted', ?) "
-                "WHERE kind = 'execution' AND status = ?",
-                (reason, RUNNING),
-            ),
+        update = (
+            "UPDATE audit SET status = 'interrupted', "
+            "detail = json_set(detail, '$.interrupted', ?) "
+            "WHERE kind = 'execution' AND status = ?"
         )
+        return self._table.write("an execution", (update, (reason, RUNNING)))
 
     def record_session(
         self,
@@ -333,12 +277,7 @@ class AuditLog:
         where, params = _where(
             kind=kind, session=session, since=since, until=until, before_id=before_id
         )
-        sql = f"SELECT {_COLUMNS} FROM audit{where} ORDER BY id DESC LIMIT ?"  # noqa: S608
-        try:
-            with self._lock:
-                rows = self._db.execute(sql, (*params, limit + 1)).fetchall()
-        except sqlite3.Error as exc:
-            raise SandboxError(f"cannot read the audit log: {exc}") from exc
+        rows = self._table.newest(where, params, limit + 1)
         entries = tuple(_entry(row) for row in rows[:limit])
         more = len(rows) > limit
         return AuditPage(entries=entries, next_before_id=entries[-1].id if more else None)
@@ -348,46 +287,21 @@ class AuditLog:
 
         Runs on open and every `ROTATE_EVERY_WRITES` writes; callers rarely need it.
         """
-        cutoff = (time.time() if now is None else now) - self._max_age_s
-        try:
-            with self._lock:
-                self._writes_since_rotation = 0
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    removed = self._db.execute("DELETE FROM audit WHERE at < ?", (cutoff,)).rowcount
-                    removed += self._db.execute(
-                        "DELETE FROM audit WHERE id <= "
-                        "(SELECT id FROM audit ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                        (self._max_rows,),
-                    ).rowcount
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-        except sqlite3.Error as exc:
-            raise SandboxError(f"cannot rotate the audit log: {exc}") from exc
-        return removed
+        return self._table.rotate(now)
 
     @property
     def pending(self) -> int:
         """Writes the database refused that wait in memory for the next one it takes."""
-        with self._lock:
-            return len(self._pending)
+        return self._table.pending
+
+    @property
+    def dropped(self) -> int:
+        """Refused writes let go past `MAX_PENDING`."""
+        return self._table.dropped
 
     def close(self) -> None:
         """Write what was kept from refused writes (one try), then close."""
-        with self._lock:
-            if self._pending:
-                last = self._pending.pop()
-                try:
-                    self._write_locked(last)
-                except sqlite3.Error as exc:
-                    _log.error(
-                        "the audit log lost %d refused writes at close: %s",
-                        len(self._pending) + 1,
-                        database_problem(exc),
-                    )
-            self._db.close()
+        self._table.close()
 
     def __enter__(self) -> AuditLog:
         return self
@@ -462,85 +376,7 @@ class AuditLog:
             output_bytes,
             key,
         )
-        return self._write(f"a {kind}", (_INSERT, params))
-
-    def _write(self, what: str, write: _Write) -> int:
-        """Run one write after those kept from refusals; its row id (an INSERT) or the rows
-        it changed (anything else). A refusal that may pass later keeps it in memory."""
-        with self._lock:
-            try:
-                done = self._write_locked(write)
-            except sqlite3.OperationalError as exc:  # locked, busy, full: may pass later
-                self._keep_locked(write)
-                raise StateUnavailable(
-                    f"the audit log refused {what} entry: {database_problem(exc)} "
-                    "(kept in memory; written with the next entry the database takes)"
-                ) from exc
-            except (sqlite3.Error, UnicodeEncodeError) as exc:
-                raise SandboxError(f"the audit log refused {what} entry: {exc}") from exc
-            self._writes_since_rotation += 1
-            due = self._writes_since_rotation >= ROTATE_EVERY_WRITES
-        if due:
-            self._rotate_quietly()
-        return done
-
-    def _write_locked(self, write: _Write) -> int:
-        """The writes kept from refusals, then `write`, in one transaction."""
-        if not self._pending:
-            return self._run(write)
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            for kept in self._pending:
-                self._run(kept)
-            done = self._run(write)
-            self._db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
-            raise
-        _log.warning("the audit log took %d writes it had refused before", len(self._pending))
-        self._pending.clear()
-        return done
-
-    def _run(self, write: _Write) -> int:
-        sql, params = write
-        cursor = self._db.execute(sql, params)
-        if sql is not _INSERT:
-            return cursor.rowcount
-        if cursor.rowcount == 1 and cursor.lastrowid is not None:
-            return cursor.lastrowid
-        # Written before under the same key (a journal replayed): that entry's id.
-        row = self._db.execute("SELECT id FROM audit WHERE entry_key = ?", (params[-1],)).fetchone()
-        if row is None:
-            raise SandboxError("the audit log returned no id for an entry")
-        return int(row[0])
-
-    def _keep_locked(self, write: _Write) -> None:
-        """Keep a refused write for the next one (a locked database, a full disk), up to
-        `MAX_PENDING`; past that the oldest kept are dropped, and the log says so."""
-        self._pending.append(write)
-        if len(self._pending) > MAX_PENDING:
-            del self._pending[0]
-            self.dropped += 1
-            _log.error("the audit log dropped a write: %d refused writes wait", MAX_PENDING)
-
-    def _rotate_quietly(self) -> None:
-        # The entry is already written; a failed rotation is retried after the next batch.
-        try:
-            self.rotate()
-        except SandboxError:
-            _log.warning("audit log rotation failed", exc_info=True)
-
-
-def _add_keys(db: sqlite3.Connection) -> None:
-    """Give a database made before entry keys its `entry_key` column, then the index."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(audit)")}
-    try:
-        if "entry_key" not in columns:
-            db.execute("ALTER TABLE audit ADD COLUMN entry_key TEXT")
-        db.execute(_KEY_INDEX)
-    except sqlite3.Error as exc:
-        raise SandboxError(f"cannot add entry keys to the audit log: {exc}") from exc
+        return self._table.insert(f"a {kind}", params)
 
 
 def _check_outcome(status: str, duration_s: float, output_bytes: int) -> None:
@@ -607,7 +443,7 @@ def _where(
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
-def _entry(row: tuple[Any, ...]) -> AuditEntry:
+def _entry(row: Row) -> AuditEntry:
     (id_, at, kind, session, actor, action, target, detail, *execution) = row
     language, code, duration_s, status, output_bytes = execution
     return AuditEntry(

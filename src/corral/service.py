@@ -45,6 +45,7 @@ from corral.kernels.sessions import (
     validate_session_id,
 )
 from corral.owner import StateLock
+from corral.sandbox.host import SandboxHost
 from corral.session_events import SessionEvent, SessionEvents
 from corral.skills import PUBLIC_DIR, user_dir
 from corral.skills.catalog import SkillCatalog
@@ -74,10 +75,15 @@ class Service:
             self._on_decision,
             **({"resolver": resolver} if resolver else {}),
         )
+        self.host = SandboxHost(settings)
         self.sessions = SessionManager(
-            settings, store=store, egress=self.egress, on_event=self._on_kernel_event
+            settings,
+            host=self.host,
+            store=store,
+            egress=self.egress,
+            on_event=self._on_kernel_event,
         )
-        self.browser = Browser(settings, self.sessions.factory, self.egress)
+        self.browser = Browser(settings, self.host, self.egress)
         self.session_events = SessionEvents()
         self.executions = ExecutionService(
             self.sessions,
@@ -93,9 +99,7 @@ class Service:
             user_dir(settings.config_dir),
             self.audit,
         )
-        self.controls = ControlService(
-            self.sessions, self.sessions.factory.mechanism.name, self.audit
-        )
+        self.controls = ControlService(self.sessions, self.host.mechanism.name, self.audit)
 
     @property
     def kernel_start_failure(self) -> str | None:
@@ -149,9 +153,9 @@ class Service:
         """A new session, or a stopped one started again (audited as `started`)."""
         if session_id is not None:  # "" or 0 is a bad id, not "choose one for me"
             validate_session_id(session_id)
-        known = self.sessions.sessions.get(session_id) if session_id is not None else None
+        known = session_id is not None and self.sessions.exists(session_id)
         info = await self.sessions.create(session_id, mounts=mounts)
-        self._audit_session(info.id, "started" if known is not None else "created", actor)
+        self._audit_session(info.id, "started" if known else "created", actor)
         return info
 
     async def start_session(self, session_id: str, *, actor: str = "agent") -> SessionInfo:
@@ -170,7 +174,7 @@ class Service:
         )
 
     def get_session(self, session_id: str) -> SessionInfo:
-        return self.sessions.get(session_id)
+        return self.sessions.session(session_id).info()
 
     async def stop_session(
         self, session_id: str, *, actor: str = "agent", only_open: bool = False
@@ -207,7 +211,7 @@ class Service:
         raises `SessionNotFound` now for a session that does not exist. The default session
         can be followed before its first use, but not once deleted, like any other."""
         if session_id != DEFAULT_SESSION:
-            self.sessions.get(session_id)  # SessionNotFound now, not in the stream
+            self.sessions.session(session_id)  # SessionNotFound now, not in the stream
         if self.session_events.deleted(session_id):
             raise SessionNotFound(session_id)
         return self.session_events.follow(session_id, after, idle_s)

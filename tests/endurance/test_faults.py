@@ -456,7 +456,7 @@ async def fetched(service: Service, port: int) -> tuple[ExecutionResult, Executi
 
 
 def kernel_pids(service: Service) -> dict[str, int | None]:
-    return {lang: k.pid for lang, k in service.sessions.sessions["net"].kernels.items()}
+    return {lang: k.pid for lang, k in service.sessions.session("net").kernels.items()}
 
 
 async def test_egress_proxy_restart_cuts_open_connections_and_running_sandboxes_get_out_again(

@@ -101,7 +101,7 @@ async def swapping(host: Host, sid: str) -> AsyncIterator[Path]:
     that host directory, which holds the secret and a file named victim.txt."""
     target = host.secret.parent
     (target / "victim.txt").write_text("victim")
-    workspace = host.service.sessions.sessions[sid].paths.workspace
+    workspace = host.service.sessions.session(sid).paths.workspace
     assert (await execute(host, SWAPPER.format(target=str(target)), sid)).stdout == "swapping\n"
     try:
         await until((workspace / ".swapping").exists, "the swapper to start")
@@ -180,7 +180,7 @@ async def test_fill_the_workspace_through_the_rest_files_api(host: Host, disk_si
     assert again.status_code == 201, again.text
     error = second.json()["error"]
     assert "does not fit: the workspace holds at most 64 MiB" in error["message"]
-    workspace = host.service.sessions.sessions[disk_sid].paths.workspace
+    workspace = host.service.sessions.session(disk_sid).paths.workspace
     assert not (workspace / "up2.bin").exists()
     host.service.files.delete(disk_sid, "up1.bin")
 
@@ -210,7 +210,7 @@ async def test_fill_the_workspace_with_files_through_the_files_api(
     # The files limit (3000) counts what the API adds too: the kernel makes most of what is
     # left, the API is refused once the count is reached.
     await disk_looked_at_again(host.service, disk_sid)
-    room = host.service.sessions.sessions[disk_sid].disk.room()[1]
+    room = host.service.sessions.session(disk_sid).disk.room()[1]
     await py(
         host,
         "import json, os\nos.makedirs('/workspace/many', exist_ok=True)\n"
@@ -242,7 +242,7 @@ async def test_fill_the_workspace_with_files_through_the_files_api(
 async def test_delete_past_the_workspace_through_the_files_api(
     host: Host, files_session: str, path: str
 ) -> None:
-    workspace = host.service.sessions.sessions[files_session].paths.workspace
+    workspace = host.service.sessions.session(files_session).paths.workspace
     (workspace / "keep.txt").write_text("kept")
     async with rest(host) as client:
         gone = await client.delete(
@@ -258,7 +258,7 @@ async def test_delete_the_host_directory_behind_a_workspace_link(
 ) -> None:
     target = host.secret.parent
     (target / "victim.txt").write_text("victim")
-    workspace = host.service.sessions.sessions[files_session].paths.workspace
+    workspace = host.service.sessions.session(files_session).paths.workspace
     await py(
         host,
         f"import json, os\nos.symlink({str(target)!r}, '/workspace/hostdir')\nprint(json.dumps(1))",

@@ -688,7 +688,7 @@ async def test_exhaust_pids_with_a_fork_loop(host: Host) -> None:
     result = await execute(host, FORK_LOOP, B)
     assert result.limit == "tasks", result.text()
     assert result.message is not None and f"limit of {TASKS} tasks" in result.message
-    if host.service.sessions.factory.mechanism.name == "rlimit":
+    if host.service.host.mechanism.name == "rlimit":
         assert result.status == "died"
     else:
         assert result.status == "error", result.text()
@@ -705,7 +705,7 @@ async def test_exhaust_memory_with_a_bytearray(host: Host) -> None:
     )
     assert bomb.limit == "memory", bomb.text()
     assert bomb.status == (
-        "error" if host.service.sessions.factory.mechanism.name == "rlimit" else "died"
+        "error" if host.service.host.mechanism.name == "rlimit" else "died"
     )
     assert bomb.message is not None and "256 MiB memory limit" in bomb.message
     assert beside.results == [{"text/plain": "2"}]
@@ -797,7 +797,7 @@ async def test_fill_tmp(host: Host) -> None:
 def sandbox_processes(host: Host, sid: str) -> set[str]:
     """The names of the session's live sandbox processes (ones not yet reaped left out)."""
     names = set()
-    for pid in host.service.sessions.sessions[sid].disk.processes():
+    for pid in host.service.sessions.session(sid).disk.processes():
         with contextlib.suppress(psutil.Error):
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 names.add(name_of(pid))
@@ -806,7 +806,7 @@ def sandbox_processes(host: Host, sid: str) -> set[str]:
 
 async def stopped_while_idle(host: Host, sid: str, what: str) -> ExecutionResult:
     """Wait until the disk patrol stopped something in the idle session; its next result."""
-    session = host.service.sessions.sessions[sid]
+    session = host.service.sessions.session(sid)
     await until(lambda: session.notes, f"the disk patrol to stop {what}")
     return await execute(host, "1 + 1", sid)
 
@@ -929,7 +929,7 @@ async def test_fill_the_workspace_with_a_new_writer_each_time_one_is_killed(
     assert result.status in ("interrupted", "died"), result.text()
     # Stopped long before its thousand writers (a dd may end before the patrol sees it, so
     # the code itself is interrupted at the second stop).
-    workspace = host.service.sessions.sessions[disk_sid].paths.workspace
+    workspace = host.service.sessions.session(disk_sid).paths.workspace
     written = list(workspace.glob("again*"))
     assert len(written) < 100, len(written)
     for leftover in written:
@@ -949,7 +949,7 @@ async def test_grow_the_kernels_inherited_stderr(host: Host) -> None:
         "print(json.dumps(written))\n"
     )
     assert await py(host, code, sid=B) == 64 * MIB
-    kernel = host.service.sessions.sessions[B].kernels["python"]
+    kernel = host.service.sessions.session(B).kernels["python"]
     assert kernel.pid is not None
     assert stat.S_ISFIFO(os.stat(f"/proc/{kernel.pid}/fd/2").st_mode)
     assert kernel.stderr_tail().endswith("e" * 1000)
@@ -961,13 +961,13 @@ async def test_grow_the_kernels_inherited_stderr(host: Host) -> None:
 
 def run_dir(host: Host, sid: str) -> Path:
     """The kernel's run directory, shown to it at /run/corral."""
-    path: Path = host.service.sessions.sessions[sid].kernels["python"].run_dir
+    path: Path = host.service.sessions.session(sid).kernels["python"].run_dir
     return path
 
 
 def host_dir(host: Host, sid: str) -> Path:
     """The host-only directory the kernel's sockets are moved to, and the client uses."""
-    path: Path = host.service.sessions.sessions[sid].kernels["python"].manager.host_dir
+    path: Path = host.service.sessions.session(sid).kernels["python"].manager.host_dir
     return path
 
 
@@ -1023,7 +1023,7 @@ async def test_restart_after_replacing_kernel_sockets_with_a_link_and_a_file(hos
 
 async def test_plant_a_connection_file_in_the_run_directory(host: Host) -> None:
     await answers(host, B)
-    kernel = host.service.sessions.sessions[B].kernels["python"]
+    kernel = host.service.sessions.session(B).kernels["python"]
     key = kernel.manager.session.key
     old = run_dir(host, B)
     fake = {
@@ -1057,7 +1057,7 @@ async def test_plant_a_connection_file_in_the_run_directory(host: Host) -> None:
     info = json.loads((host_dir(host, B) / "kernel.json").read_text())
     assert info["key"] not in ("planted", key.decode())
     assert info["ip"].startswith(str(host_dir(host, B) / "python-"))
-    assert host.service.sessions.sessions[B].kernels["python"].manager.session.key != b"planted"
+    assert host.service.sessions.session(B).kernels["python"].manager.session.key != b"planted"
 
 
 async def test_make_the_host_reconnect_through_a_planted_socket_link(host: Host) -> None:
@@ -1231,7 +1231,7 @@ async def test_sandbox_user_is_no_more_than_the_server_user_outside(host: Host) 
         "print(json.dumps([os.getuid(), os.geteuid(), os.readlink('/proc/self/ns/user')]))",
     )
     assert (uid, euid) == (1000, 1000)
-    kernel = host.service.sessions.sessions[A].kernels["python"].pid
+    kernel = host.service.sessions.session(A).kernels["python"].pid
     assert kernel is not None
     tree = [kernel, *(p.pid for p in psutil.Process(kernel).children(recursive=True))]
     inside = [pid for pid in tree if os.readlink(f"/proc/{pid}/ns/user") == namespace]
@@ -1326,7 +1326,7 @@ async def test_plant_a_setuid_setgid_or_capability_file(host: Host) -> None:
         }
     )
     assert got == refused
-    workspace = host.service.sessions.sessions[A].paths.workspace
+    workspace = host.service.sessions.session(A).paths.workspace
     assert special_bits_on_host(workspace, host.repo) == []
 
 
@@ -1353,7 +1353,7 @@ async def test_tools_cannot_leave_a_setuid_or_setgid_file(
 ) -> None:
     code, out = await command(host, ["bash", "-c", shell], sid=B)
     assert ("Operation not permitted" in out) == refused, (code, out)
-    workspace = host.service.sessions.sessions[B].paths.workspace
+    workspace = host.service.sessions.session(B).paths.workspace
     assert special_bits_on_host(workspace) == []
 
 

@@ -217,7 +217,7 @@ def target_state(service: Service) -> dict[str, Any] | None:
         return {
             "files": asdict(service.files.list(TARGET, ".", recursive=True)),
             "kept": service.files.read(TARGET, KEPT),
-            "options": service.sessions.sessions[TARGET].options,
+            "options": service.sessions.session(TARGET).options,
             "limits": service.controls.limits(TARGET).limits,
             "network": wire(NetworkPolicyModel, service.network.policy(TARGET)),
         }
@@ -606,7 +606,7 @@ FILL_S = 90.0
 
 def sandbox_tree(service: Service, sid: str) -> list[psutil.Process]:
     """The host processes of `sid`'s python sandbox: its bwrap and everything under it."""
-    root = psutil.Process(service.sessions.sessions[sid].kernels["python"].pid)
+    root = psutil.Process(service.sessions.session(sid).kernels["python"].pid)
     return [root, *root.children(recursive=True)]
 
 

@@ -259,5 +259,5 @@ async def test_the_bridge_without_a_host_agent_fails_the_start_clearly(
         with pytest.raises(InvalidInput, match="the server has no SSH agent: start corral serve"):
             await service.start_session("noagent")
         assert service.get_session("noagent").kernels == ()
-        assert service.sessions.sessions["noagent"].run is None
+        assert service.sessions.session("noagent").run is None
     assert [p.name for p in settings.run_root.glob("b-*")] == []

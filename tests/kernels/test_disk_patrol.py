@@ -25,7 +25,7 @@ BACKGROUND_SLEEP = (
 
 
 def live_sleep(service: Service, sid: str) -> int | None:
-    for pid in service.sessions.sessions[sid].disk.processes():
+    for pid in service.sessions.session(sid).disk.processes():
         with contextlib.suppress(psutil.Error):
             if name_of(pid) == "sleep" and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 return pid
@@ -44,7 +44,7 @@ async def test_a_look_that_names_no_writer_is_not_a_strike_against_the_kernel(
     await until(lambda: live_sleep(service, "idle"), "the background sleep to start")
     pid = live_sleep(service, "idle")
     assert pid is not None
-    session = service.sessions.sessions["idle"]
+    session = service.sessions.session("idle")
     patrol = service.sessions.disk_patrol
     patrol.stop_writers(session, Hit(usage=1, files=1, writers=()))
     assert not session.notes
@@ -68,7 +68,7 @@ async def test_growth_below_noise_that_no_process_wrote_stops_no_running_code(
         "import time; time.sleep(1.5); 'slept'", session_id="settle"
     )
     await until(lambda: execution.running, "the code to be sent")
-    session = service.sessions.sessions["settle"]
+    session = service.sessions.session("settle")
     hit = Hit(usage=1, files=1, writers=(), grown=(4096, 0), at=time.monotonic())
     service.sessions.disk_patrol.stop_writers(session, hit)
     result = await execution.result()

@@ -251,7 +251,7 @@ async def test_kernel_killed_from_outside_mid_execution(service: Service) -> Non
         )
     )
     await asyncio.sleep(1.0)
-    kernel_pid = service.sessions.sessions["victim"].kernels["python"].pid
+    kernel_pid = service.sessions.session("victim").kernels["python"].pid
     assert kernel_pid is not None
     assert psutil.Process(kernel_pid).cmdline()[1:2] == [SANDBOX_PYTHON_KERNEL]
     os.kill(kernel_pid, signal.SIGKILL)

@@ -576,7 +576,7 @@ async def test_a_mount_point_cannot_be_moved_inside_and_a_link_in_its_place_refu
         point.symlink_to(elsewhere)
         with pytest.raises(InvalidInput, match="the workspace entry 'proj' is not a directory"):
             await service.executions.run("1", session_id="point")
-        assert service.sessions.sessions["point"].kernels == {}
+        assert service.sessions.session("point").kernels == {}
     assert snapshot(repo) == before
     assert list(elsewhere.iterdir()) == []
 
@@ -609,7 +609,7 @@ async def test_a_link_made_inside_cannot_steer_the_next_kernel_of_the_session(
         await service.create_session("swap", mounts=["proj"])
         await run(service, "swap", f"os.makedirs('{P}/sub')\nos.symlink('/home', '{P}/sub/.git')")
         assert await run(service, "swap", f"readlink {P}/sub/.git", language="bash") == "/home\n"
-        session = service.sessions.sessions["swap"]
+        session = service.sessions.session("swap")
         assert session.run is not None and session.run.sandbox is not None
         bwrap = session.run.sandbox.pid
         assert bwrap is not None
@@ -629,7 +629,7 @@ async def test_stop_leaves_no_process_cgroup_or_layer(settings: Settings, repo: 
     async with Service(with_mounts(settings, f"proj={repo}:rw")) as service:
         await service.create_session("clean", mounts=["proj"])
         await run(service, "clean", "true", language="bash")
-        session = service.sessions.sessions["clean"]
+        session = service.sessions.session("clean")
         assert session.run is not None
         box = session.run.box
         pids = [k.pid for k in session.kernels.values() if k.pid is not None]

@@ -35,7 +35,7 @@ async def run(service: Service, sid: str, code: str, language: str = "python") -
 
 
 def sandbox_of(service: Service, sid: str) -> SessionSandbox:
-    session: Session = service.sessions.sessions[sid]
+    session: Session = service.sessions.session(sid)
     assert session.run is not None and session.run.sandbox is not None
     return session.run.sandbox
 
@@ -66,7 +66,7 @@ async def test_both_kernels_share_one_sandbox_its_tmp_and_its_processes(service:
     assert seen == "True\n"
     sandbox = sandbox_of(service, "both")
     assert sandbox.pid is not None
-    kernels = service.sessions.sessions["both"].kernels
+    kernels = service.sessions.session("both").kernels
     assert sorted(kernels) == ["bash", "python"]
     assert {k.pid for k in kernels.values()} <= tree(sandbox.pid)
     bwraps = [p for p in tree(sandbox.pid) if psutil.Process(p).name() == "bwrap"]
@@ -79,7 +79,7 @@ async def test_a_kernel_dropped_takes_what_it_started_and_leaves_its_sibling(
     await service.create_session("drop")
     await run(service, "drop", "n = 41")
     await run(service, "drop", "sleep 654 &", language="bash")
-    session = service.sessions.sessions["drop"]
+    session = service.sessions.session("drop")
     sandbox = sandbox_of(service, "drop")
     assert sandbox.pid is not None
     sleeps = [p for p in tree(sandbox.pid) if psutil.Process(p).cmdline()[:2] == ["sleep", "654"]]

@@ -139,7 +139,7 @@ async def test_a_closed_session_is_refused_where_resuming_is_not_asked(service: 
 async def test_an_idle_reap_keeps_a_session_open(settings: Settings) -> None:
     async with Service(replace(settings, idle_timeout_s=0.5)) as service:
         await service.create_session("nap")
-        service.sessions.sessions["nap"].record.last_used_at = time.time() - 10
+        service.sessions.session("nap").record.last_used_at = time.time() - 10
         assert await service.sessions.reaper.reap_idle() == ["nap"]
         assert service.get_session("nap").open
         result = await service.executions.run("1", session_id="nap", resume=False)
@@ -152,7 +152,7 @@ async def test_idle_timeout_stops_kernels_but_keeps_the_workspace(settings: Sett
         await service.executions.run(
             "open('/workspace/f.txt','w').write('kept')", session_id="idle"
         )
-        service.sessions.sessions["idle"].record.last_used_at = time.time() - 10
+        service.sessions.session("idle").record.last_used_at = time.time() - 10
         assert await service.sessions.reaper.reap_idle() == ["idle"]
         assert service.get_session("idle").state == "stopped"
         result = await service.executions.run("open('/workspace/f.txt').read()", session_id="idle")

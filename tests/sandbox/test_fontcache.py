@@ -22,7 +22,7 @@ PLOT = (
 
 async def test_a_new_session_finds_the_font_list_and_plots_silently(settings: Settings) -> None:
     async with Service(settings) as service:
-        font_list = await service.sessions.factory.fonts.wait_ready()
+        font_list = await service.host.fonts.wait_ready()
         assert font_list is not None and font_list.name.startswith("fontlist-v")
         kept_mtime = font_list.stat().st_mtime_ns
         info = await service.create_session("plot")
@@ -35,12 +35,12 @@ async def test_a_new_session_finds_the_font_list_and_plots_silently(settings: Se
         assert (info.workspace / "plot.png").stat().st_size > 0
         assert copy.stat().st_mtime_ns == before  # matplotlib did not rebuild it
     async with Service(settings) as again:  # a later server has it from its start on
-        assert again.sessions.factory.fonts.ready == font_list
+        assert again.host.fonts.ready == font_list
         assert font_list.stat().st_mtime_ns == kept_mtime
 
 
 async def test_a_session_survives_a_corrupt_font_list(service: Service) -> None:
-    font_list = await service.sessions.factory.fonts.wait_ready()
+    font_list = await service.host.fonts.wait_ready()
     assert font_list is not None
     info = await service.create_session("broken")
     inside = f"/opt/corral/env/mpl/{font_list.name}"

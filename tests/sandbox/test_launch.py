@@ -18,7 +18,7 @@ import pytest
 
 from corral.config import Settings
 from corral.errors import AdmissionFailed, FetchTimedOut
-from corral.kernels.factory import KernelFactory
+from corral.sandbox.host import SandboxHost
 from corral.sandbox.boxes import LimitBox, RlimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SandboxPolicy
@@ -41,24 +41,24 @@ WAIT_S = 30.0
 
 
 @pytest.fixture
-async def factory(settings: Settings) -> AsyncIterator[KernelFactory]:
-    made = KernelFactory(replace(settings, workspace_bytes=WORKSPACE_BYTES))
+async def host(settings: Settings) -> AsyncIterator[SandboxHost]:
+    made = SandboxHost(replace(settings, workspace_bytes=WORKSPACE_BYTES))
     await made.prepare()
     yield made
     made.close()  # its janitor leaves
 
 
 @pytest.fixture
-def policy(factory: KernelFactory, tmp_path: Path) -> SandboxPolicy:
+def policy(host: SandboxHost, tmp_path: Path) -> SandboxPolicy:
     paths = SessionPaths(workspace=tmp_path / "workspace", env=tmp_path / "env")
     paths.workspace.mkdir()
-    create_session_env(paths.env, factory.runtime)
-    return factory.policy(paths, tmp_size_bytes=16 * MIB)
+    create_session_env(paths.env, host.runtime)
+    return host.policy(paths, tmp_size_bytes=16 * MIB)
 
 
 @pytest.fixture
-async def box(factory: KernelFactory) -> AsyncIterator[LimitBox]:
-    made = factory.make_box(f"launch-{secrets.token_hex(3)}", factory.settings.limits)
+async def box(host: SandboxHost) -> AsyncIterator[LimitBox]:
+    made = host.make_box(f"launch-{secrets.token_hex(3)}", host.settings.limits)
     await asyncio.to_thread(made.create)
     yield made
     await asyncio.to_thread(made.remove)
@@ -80,20 +80,20 @@ async def _wait_until(check: Callable[[], bool], timeout_s: float = WAIT_S) -> b
 
 
 def test_the_command_starts_inside_its_limit_box(
-    factory: KernelFactory, policy: SandboxPolicy, box: LimitBox
+    host: SandboxHost, policy: SandboxPolicy, box: LimitBox
 ) -> None:
     """The first thing the command does is read its file-size limit, which only the box
     sets (at admission, on the gate): it is already there."""
     probe = "import resource; print(resource.getrlimit(resource.RLIMIT_FSIZE)[0])"
     process = start_sandbox(
-        policy, ["python", "-c", probe], bwrap=factory.bwrap, box=box, stdout=subprocess.PIPE
+        policy, ["python", "-c", probe], bwrap=host.bwrap, box=box, stdout=subprocess.PIPE
     )
     assert process.pid in box.pids
     assert _finish(process) == str(WORKSPACE_BYTES)
 
 
 async def test_the_box_counts_the_running_sandbox(
-    factory: KernelFactory, policy: SandboxPolicy, box: LimitBox, tmp_path: Path
+    host: SandboxHost, policy: SandboxPolicy, box: LimitBox, tmp_path: Path
 ) -> None:
     go = tmp_path / "workspace" / "go"
     waiter = (
@@ -102,7 +102,7 @@ async def test_the_box_counts_the_running_sandbox(
         "while not os.path.exists('/workspace/go') and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"
     )
-    process = start_sandbox(policy, ["python", "-c", waiter], bwrap=factory.bwrap, box=box)
+    process = start_sandbox(policy, ["python", "-c", waiter], bwrap=host.bwrap, box=box)
     try:
         assert await _wait_until(lambda: box.usage().tasks >= 1)
     finally:
@@ -121,7 +121,7 @@ class RefusingBox(RlimitBox):
 
 
 def test_a_refused_admission_raises_and_leaves_no_process(
-    factory: KernelFactory, policy: SandboxPolicy, settings: Settings
+    host: SandboxHost, policy: SandboxPolicy, settings: Settings
 ) -> None:
     marker = f"corral-never-{secrets.token_hex(4)}"
     refusing = RefusingBox("refusing", settings.limits)
@@ -129,7 +129,7 @@ def test_a_refused_admission_raises_and_leaves_no_process(
         start_sandbox(
             policy,
             ["python", "-c", f"# {marker}"],
-            bwrap=factory.bwrap,
+            bwrap=host.bwrap,
             box=refusing,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -142,12 +142,12 @@ def test_a_refused_admission_raises_and_leaves_no_process(
 
 
 def test_the_environment_is_exactly_the_policys(
-    factory: KernelFactory, policy: SandboxPolicy, box: LimitBox, monkeypatch: pytest.MonkeyPatch
+    host: SandboxHost, policy: SandboxPolicy, box: LimitBox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CORRAL_HOST_ONLY_SECRET", "must-not-enter")
     for boxed in (box, None):
         process = start_sandbox(
-            policy, ["/usr/bin/env", "-0"], bwrap=factory.bwrap, box=boxed, stdout=subprocess.PIPE
+            policy, ["/usr/bin/env", "-0"], bwrap=host.bwrap, box=boxed, stdout=subprocess.PIPE
         )
         stdout, _ = process.communicate(timeout=WAIT_S)
         seen = dict(item.split("=", 1) for item in stdout.decode().split("\0") if item)
@@ -156,21 +156,21 @@ def test_the_environment_is_exactly_the_policys(
 
 
 def test_seccomp_applies_to_a_launched_sandbox(
-    factory: KernelFactory, policy: SandboxPolicy
+    host: SandboxHost, policy: SandboxPolicy
 ) -> None:
     process = start_sandbox(
-        policy, ["python", "-c", PTRACE], bwrap=factory.bwrap, stdout=subprocess.PIPE
+        policy, ["python", "-c", PTRACE], bwrap=host.bwrap, stdout=subprocess.PIPE
     )
     assert _finish(process) == DENIED
     open_policy = replace(policy, seccomp=False)  # the probe itself tells the two apart
     unfiltered = start_sandbox(
-        open_policy, ["python", "-c", PTRACE], bwrap=factory.bwrap, stdout=subprocess.PIPE
+        open_policy, ["python", "-c", PTRACE], bwrap=host.bwrap, stdout=subprocess.PIPE
     )
     assert _finish(unfiltered) == "0 0"
 
 
-def test_seccomp_applies_to_a_probe(factory: KernelFactory, policy: SandboxPolicy) -> None:
-    done = run_sandboxed(policy, ["python", "-c", PTRACE], bwrap=factory.bwrap, timeout_s=WAIT_S)
+def test_seccomp_applies_to_a_probe(host: SandboxHost, policy: SandboxPolicy) -> None:
+    done = run_sandboxed(policy, ["python", "-c", PTRACE], bwrap=host.bwrap, timeout_s=WAIT_S)
     assert done.stdout.strip() == DENIED, done.stderr
 
 
@@ -182,7 +182,7 @@ async def test_seccomp_applies_to_a_kernel(service: Service) -> None:
 async def test_seccomp_applies_to_a_browser_sandbox(service: Service) -> None:
     """The browser's own sandbox assembly (its limits, workspace and egress identity), with
     a probe instead of Chromium."""
-    python = service.browser.factory.runtime.sandbox_python  # the forwarder execs a path
+    python = service.host.runtime.sandbox_python  # the forwarder execs a path
     stdout, stderr = await service.browser.run_in_sandbox(
         "@browser-launch", [python, "-c", PTRACE], WAIT_S
     )
@@ -191,7 +191,7 @@ async def test_seccomp_applies_to_a_browser_sandbox(service: Service) -> None:
 
 async def test_a_browser_sandbox_past_its_deadline_is_killed(service: Service) -> None:
     marker = f"corral-overdue-{secrets.token_hex(4)}"
-    python = service.browser.factory.runtime.sandbox_python
+    python = service.host.runtime.sandbox_python
     sleeper = [python, "-c", f"import time; time.sleep(300)  # {marker}"]
     with pytest.raises(FetchTimedOut, match="did not finish within 1 s"):
         await service.browser.run_in_sandbox("@browser-overdue", sleeper, 1.0)
@@ -204,16 +204,16 @@ async def test_a_browser_sandbox_past_its_deadline_is_killed(service: Service) -
 
 
 async def test_two_servers_in_one_process_never_share_a_sessions_cgroup(
-    factory: KernelFactory, settings: Settings
+    host: SandboxHost, settings: Settings
 ) -> None:
     """Tests run several servers in one process, each with a "default" session: removing
     one server's box must leave the other's cgroup (it removed a live session's, whose next
     kernel then failed to start: "cannot put the sandbox under its limits")."""
-    other = KernelFactory(settings)
-    first = factory.make_box("default", settings.limits)
+    other = SandboxHost(settings)
+    first = host.make_box("default", settings.limits)
     second = other.make_box("default", settings.limits)
     assert first.name != second.name
-    if factory.mechanism.name == "rlimit":
+    if host.mechanism.name == "rlimit":
         return  # no cgroup to share
     await asyncio.to_thread(first.create)
     await asyncio.to_thread(second.create)

@@ -184,7 +184,7 @@ async def limited(tmp_path: Path, run_root: Path, mechanism: str) -> AsyncIterat
 
 
 def is_rlimit(service: Service) -> bool:
-    return service.sessions.factory.mechanism.name == "rlimit"
+    return service.host.mechanism.name == "rlimit"
 
 
 async def run(service: Service, sid: str, code: str, timeout_s: float = 20.0) -> ExecutionResult:
@@ -237,7 +237,7 @@ async def settle_to(service: Service, baseline: int, timeout_s: float = 10.0) ->
 
 def box_dirs(service: Service, sid: str) -> list[Path]:
     """Every cgroup directory of a running session's box, per-kernel leaves included."""
-    box = service.sessions.sessions[sid].box
+    box = service.sessions.session(sid).box
     if isinstance(box, CgroupV1Box):
         dirs = list(box.dirs.values())
     elif isinstance(box, CgroupV2Box):
@@ -248,7 +248,7 @@ def box_dirs(service: Service, sid: str) -> list[Path]:
 
 
 def memory_limit_in_cgroup(service: Service, sid: str) -> int:
-    box = service.sessions.sessions[sid].box
+    box = service.sessions.session(sid).box
     if isinstance(box, CgroupV2Box):
         return int((box.dir / "memory.max").read_text())
     assert isinstance(box, CgroupV1Box)
@@ -612,7 +612,7 @@ async def test_limits_of_a_stopped_session_apply_at_its_start(limited: Service) 
     report = await limited.controls.set_limits("lim-stopped", {"tasks": 32})
     assert (report.changed_now, report.changed_at_next_start) == ((), ("tasks",))
     await limited.start_session("lim-stopped")
-    box = limited.sessions.sessions["lim-stopped"].box
+    box = limited.sessions.session("lim-stopped").box
     assert box is not None and box.limits.tasks == 32
     if isinstance(box, CgroupV1Box):
         assert (box.dirs["pids"] / "pids.max").read_text().strip() == "32"
@@ -647,7 +647,7 @@ async def test_stopping_a_session_removes_its_box_and_every_process(limited: Ser
     assert is_rlimit(limited) or len(dirs) >= 2
 
     await limited.stop_session("lim-gone")
-    session = limited.sessions.sessions["lim-gone"]
+    session = limited.sessions.session("lim-gone")
     assert session.box is None and session.run is None
     assert [path for path in dirs if path.exists()] == []
     # The sandbox's processes die with its pid namespace, which the kernel tears down after

@@ -241,7 +241,7 @@ async def test_two_sessions_cannot_see_each_other(sandbox: Service) -> None:
         session="neighbour",
     )
     assert "mine.txt" not in other
-    probe_kernel = sandbox.sessions.sessions["probe"].kernels["python"].pid
+    probe_kernel = sandbox.sessions.session("probe").kernels["python"].pid
     assert str(probe_kernel) not in other.split("]", 1)[1]
 
 

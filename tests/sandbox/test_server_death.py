@@ -31,7 +31,7 @@ SLEEPER = "import time; time.sleep(120)"
 DYING_SERVER = """
 import asyncio, os, signal, sys
 from pathlib import Path
-from corral.kernels.factory import KernelFactory
+from corral.sandbox.host import SandboxHost
 from corral.sandbox.boxes import RlimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.profile import SessionPaths
@@ -44,14 +44,14 @@ class StoppingBox(RlimitBox):
         os.kill(pid, signal.SIGSTOP)
 
 root = Path(sys.argv[1])
-factory = KernelFactory(make_settings(root / "state", Path(sys.argv[2])))
-asyncio.run(factory.prepare())
+host = SandboxHost(make_settings(root / "state", Path(sys.argv[2])))
+asyncio.run(host.prepare())
 paths = SessionPaths(workspace=root / "workspace", env=root / "env")
 paths.workspace.mkdir()
-create_session_env(paths.env, factory.runtime)
-policy = factory.policy(paths, tmp_size_bytes=16 << 20)
-box = StoppingBox("dying", factory.settings.limits)
-process = start_sandbox(policy, ["sleep", "120"], bwrap=factory.bwrap, box=box)
+create_session_env(paths.env, host.runtime)
+policy = host.policy(paths, tmp_size_bytes=16 << 20)
+box = StoppingBox("dying", host.settings.limits)
+process = start_sandbox(policy, ["sleep", "120"], bwrap=host.bwrap, box=box)
 print(process.pid, flush=True)
 os._exit(0)
 """

@@ -76,7 +76,7 @@ def test_admin_changes_limits_of_a_running_session_at_once(server: RunningServer
     )
     assert current(server, sid)["memory_bytes"] == GIB
 
-    box = server.service.sessions.sessions[sid].box
+    box = server.service.sessions.session(sid).box
     assert box is not None and box.limits.tasks == 64
     if isinstance(box, CgroupV1Box):
         assert (box.dirs["pids"] / "pids.max").read_text().strip() == "64"
@@ -109,7 +109,7 @@ def test_changes_stay_through_a_stop_and_start(server: RunningServer, sid: str) 
         started = http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"})  # starts it
         assert started.json()["status"] == "ok", started.text
     assert current(server, sid)["tasks"] == 100
-    box = server.service.sessions.sessions[sid].box
+    box = server.service.sessions.session(sid).box
     assert box is not None and box.limits.tasks == 100
 
 

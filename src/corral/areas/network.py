@@ -62,7 +62,7 @@ class NetworkService:
 
     def _known(self, session_id: str) -> None:
         if session_id != DEFAULT_SESSION:
-            self.sessions.get(session_id)
+            self.sessions.session(session_id)
 
     def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> PolicyChange:
         change = PolicyChange(policy, cut)

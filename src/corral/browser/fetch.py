@@ -34,8 +34,8 @@ from corral.errors import (
     InvalidInput,
     SandboxUnavailable,
 )
-from corral.kernels.factory import KernelFactory
 from corral.sandbox.boxes import LimitBox
+from corral.sandbox.host import SandboxHost
 from corral.sandbox.limits import Limits
 from corral.sandbox.policy import Bind, SandboxPolicy
 from corral.sandbox.process import kill_group
@@ -127,9 +127,9 @@ def find_chromium(configured: str | None) -> str | None:
 class Browser:
     """Runs browser fetches for one server, at most `browser_max_concurrent` at once."""
 
-    def __init__(self, settings: Settings, factory: KernelFactory, network: Network) -> None:
+    def __init__(self, settings: Settings, host: SandboxHost, network: Network) -> None:
         self.settings = settings
-        self.factory = factory
+        self.host = host
         self.network = network
         self.root = settings.state_dir / "browser"
         self.gate = asyncio.Semaphore(settings.browser_max_concurrent)
@@ -189,7 +189,7 @@ class Browser:
         return min(timeout_s, limit)
 
     async def _run(self, identity: str, request: dict[str, Any], deadline_s: float) -> Any:
-        runner = [self.factory.runtime.sandbox_python, SANDBOX_RUNNER, json.dumps(request)]
+        runner = [self.host.runtime.sandbox_python, SANDBOX_RUNNER, json.dumps(request)]
         stdout, stderr = await self.run_in_sandbox(identity, runner, deadline_s)
         try:
             return json.loads(stdout)
@@ -203,12 +203,12 @@ class Browser:
         """Run `command` (behind the egress forwarder) in a fresh browser sandbox under
         `identity`; its stdout and stderr. Raises `FetchTimedOut` past `deadline_s`."""
         workdir = self.root / identity.removeprefix("@")
-        box = self.factory.make_box(identity.removeprefix("@"), self._limits())
+        box = self.host.make_box(identity.removeprefix("@"), self._limits())
         try:
             socket = await self.network.socket_for(identity)
             policy = await asyncio.to_thread(self._policy, workdir, socket)
             await asyncio.to_thread(box.create)
-            return await self._spawn(policy, self.factory.egress_command(command), box, deadline_s)
+            return await self._spawn(policy, self.host.egress_command(command), box, deadline_s)
         finally:
             await asyncio.to_thread(box.remove)
             await self.network.proxy.close(identity)
@@ -221,8 +221,8 @@ class Browser:
         shutil.rmtree(workdir, ignore_errors=True)  # left by a server that died mid-fetch
         (workdir / "workspace").mkdir(mode=0o700, parents=True)
         env = workdir / "env"
-        create_session_env(env, self.factory.runtime)
-        return self.factory.policy(
+        create_session_env(env, self.host.runtime)
+        return self.host.policy(
             SessionPaths(workspace=workdir / "workspace", env=env),
             tmp_size_bytes=TMP_BYTES,
             home_size_bytes=HOME_BYTES,
@@ -246,7 +246,7 @@ class Browser:
     async def _spawn(
         self, policy: SandboxPolicy, command: list[str], box: LimitBox, deadline_s: float
     ) -> tuple[bytes, bytes]:
-        process = self.factory.start(
+        process = self.host.start(
             policy, command, box=box, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         # Popen's pipes are read in a thread; the deadline and cancellation stay here.

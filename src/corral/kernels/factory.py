@@ -1,11 +1,11 @@
-"""The kernel factory: the host facts, and sandboxed kernels assembled from them.
+"""The kernel factory: sessions' sandboxed kernels, assembled on the server's host.
 
-One `KernelFactory` per server holds what every sandbox of this host is built from: the
-Python runtime, bwrap, the limit mechanism, the operator's forwarded variables, mounts and
-protected names, the skill binds, the generated identity files, and the egress sockets. The
-session registry, the warm pool's hand-over and the browser all use it; it never looks at the
-registry. What it has to report (the agent bridge used, protected files changed) goes to the
-`on_event` callback.
+One `KernelFactory` per server builds a session's sandbox on the `SandboxHost` (runtime,
+bwrap, limit mechanism, identity files) with what sessions add: the operator's forwarded
+variables, project mounts and protected names, the skill binds and the egress sockets. The
+session registry and the warm pool's hand-over use it; it never looks at the registry. What
+it has to report (the agent bridge used, protected files changed) goes to the `on_event`
+callback.
 
 A session's run (`SessionRun`: limit box, bridge, prepared mounts, and the one sandbox all
 its kernels start in) opens with its first kernel and closes with its last; the factory keeps
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import os
 import shutil
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,33 +33,12 @@ from corral.kernels.sandbox import SessionSandbox, make_run_dir
 from corral.kernels.session import Session
 from corral.mounts import overlapping
 from corral.protect import escape_name, validate_protected_names
-from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
-from corral.sandbox.bwrap import find_bwrap
-from corral.sandbox.fontcache import FontCache
-from corral.sandbox.launch import Output, start_sandbox
-from corral.sandbox.leftovers import Janitor, sweep_leftovers
-from corral.sandbox.limits import Limits, choose_mechanism
-from corral.sandbox.policy import Mount, SandboxPolicy
-from corral.sandbox.profile import (
-    SessionPaths,
-    default_policy,
-    egress_launcher,
-    forwarded_env,
-    skill_binds,
-    write_identity_files,
-)
-from corral.sandbox.runtime import (
-    PythonRuntime,
-    create_session_env,
-    current_runtime,
-    repair_note,
-    repair_session_env,
-)
+from corral.sandbox.host import SandboxHost
+from corral.sandbox.profile import egress_launcher, forwarded_env, skill_binds
+from corral.sandbox.runtime import create_session_env, repair_note, repair_session_env
 
 log = logging.getLogger(__name__)
 
-_FACTORIES = itertools.count()
-FONT_BUILD_TMP_BYTES = 64 << 20  # the /tmp of the sandbox that builds matplotlib's font list
 
 # Called as (kind, session, action, detail) for the audit log: "bridge", "protected".
 EventHook = Callable[[str, str, str, dict[str, Any]], None]
@@ -97,104 +74,27 @@ class KernelFactory:
     def __init__(
         self,
         settings: Settings,
+        host: SandboxHost,
         *,
-        runtime: PythonRuntime | None = None,
         egress: EgressSockets | None = None,
         on_event: EventHook | None = None,
     ) -> None:
         self.settings = settings
+        self.host = host
         self.egress = egress
         self.on_event = on_event
-        self.runtime = runtime or current_runtime(settings.kernel_runtime)
-        self.bwrap = find_bwrap(settings.bwrap)
-        self.mechanism = choose_mechanism(settings.limit_mechanism)
         self.forward_names = settings.forwarded_names
         self.mounts = dict(settings.mount_specs)
         self.protected_extra = validate_protected_names(settings.protected_names)
         self.skill_binds = skill_binds(settings)
-        self.identity_dir = settings.state_dir / "sandbox-etc"
         self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
-        self._number = next(_FACTORIES)  # of this process's factories, from 0
-        self.janitor: Janitor | None = None  # sweeps after this server if it dies
-        self.fonts = FontCache(
-            settings.state_dir / "mpl-fonts",
-            self.runtime,
-            policy_for=functools.partial(self.policy, tmp_size_bytes=FONT_BUILD_TMP_BYTES),
-            bwrap=self.bwrap,
-            build_on_first_seed=settings.font_list_build,
-        )
-
-    async def prepare(self) -> None:
-        """Once per server, before the first sandbox: sandboxes and cgroups a dead server
-        of this state left, identity files, a kept matplotlib font list."""
-        await asyncio.to_thread(sweep_leftovers, self.settings.state_dir, self.settings.run_root)
-        self.janitor = Janitor(self.settings.state_dir, self.settings.run_root)
-        if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
-            await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
-        write_identity_files(self.identity_dir)
-        await self.fonts.find_kept()
-
-    def close(self) -> None:
-        """Once per server, after the last sandbox stopped: the janitor leaves."""
-        if self.janitor is not None:
-            self.janitor.close()
-            self.janitor = None
-
-    # -- sandboxes of any kind (sessions, the browser) ------------------------------------
-
-    def make_box(self, name: str, limits: Limits) -> LimitBox:
-        """A limit box (not yet created) of this host's mechanism. The first factory of a
-        process names a box after its sandbox; a later one (tests run several servers in
-        one process) adds its number, so that two servers' "default" never share a cgroup."""
-        tag = f"~{self._number}" if self._number else ""
-        return make_box(self.mechanism, name + tag, limits)
-
-    def policy(
-        self,
-        paths: SessionPaths,
-        *,
-        tmp_size_bytes: int,
-        home_size_bytes: int | None = None,
-        egress_socket: Path | None = None,
-        forward_env: Sequence[tuple[str, str]] = (),
-        extra_binds: Sequence[Mount] = (),
-    ) -> SandboxPolicy:
-        """The default profile over `paths`, with this host's runtime and identity files."""
-        return default_policy(
-            self.runtime,
-            paths,
-            self.identity_dir,
-            tmp_size_bytes=tmp_size_bytes,
-            home_size_bytes=home_size_bytes or self.settings.home_size_bytes,
-            egress_socket=egress_socket,
-            forward_env=tuple(forward_env),
-            extra_binds=tuple(extra_binds),
-        )
-
-    def egress_command(self, command: Sequence[str]) -> list[str]:
-        """`command` behind the egress forwarder (so the sandbox reaches its proxy)."""
-        return [*egress_launcher(self.runtime), *command]
-
-    def start(
-        self,
-        policy: SandboxPolicy,
-        command: Sequence[str],
-        *,
-        box: LimitBox | None = None,
-        stdout: Output = subprocess.DEVNULL,
-        stderr: Output = subprocess.DEVNULL,
-    ) -> subprocess.Popen[bytes]:
-        """Start `command` in a sandbox with this host's bwrap (`corral.sandbox.launch`)."""
-        return start_sandbox(
-            policy, command, bwrap=self.bwrap, box=box, stdout=stdout, stderr=stderr
-        )
 
     # -- a session's kernels --------------------------------------------------------------
 
     async def launch(self, session: Session, language: str) -> None:
         """Start a kernel cold: package prefix, the run and its sandbox, then the kernel."""
         session.from_pool = False
-        create_session_env(session.paths.env, self.runtime, font_list=self.fonts.seed())
+        create_session_env(session.paths.env, self.host.runtime, font_list=self.host.fonts.seed())
         if repaired := self._repair_env(session):
             session.notes.append(repair_note(repaired))
         socket = None
@@ -223,9 +123,9 @@ class KernelFactory:
     async def _start_sandbox(
         self, session: Session, run: SessionRun, socket: Path | None
     ) -> SessionSandbox:
-        extras = run.extras(self.runtime.sandbox_python)
+        extras = run.extras(self.host.runtime.sandbox_python)
         run_dir = await asyncio.to_thread(make_run_dir, self.settings.run_root)
-        policy = self.policy(
+        policy = self.host.policy(
             session.paths,
             tmp_size_bytes=session.limits.tmp_bytes,
             egress_socket=socket,
@@ -235,12 +135,12 @@ class KernelFactory:
         sandbox = SessionSandbox(
             policy.with_run_dir(run_dir),
             run_dir,
-            bwrap=self.bwrap,
-            python=self.runtime.sandbox_python,
+            bwrap=self.host.bwrap,
+            python=self.host.runtime.sandbox_python,
         )
         launcher = [*extras.launcher]
         if socket is not None:
-            launcher += egress_launcher(self.runtime)
+            launcher += egress_launcher(self.host.runtime)
         try:
             sandbox.start(launcher, run.box)
         except BaseException:
@@ -251,7 +151,7 @@ class KernelFactory:
     def _repair_env(self, session: Session) -> list[str]:
         """What the sandbox broke in the package prefix, put back (see `repair_session_env`)."""
         try:
-            return repair_session_env(session.paths.env, self.runtime)
+            return repair_session_env(session.paths.env, self.host.runtime)
         except (OSError, UnsafePath) as exc:
             raise KernelStartFailed(
                 f"session {session.id}'s package prefix could not be repaired: {exc}"
@@ -285,7 +185,7 @@ class KernelFactory:
         if session.run is not None:
             return session.run
         loop = asyncio.get_running_loop()
-        box = self.make_box(session.id, session.limits)
+        box = self.host.make_box(session.id, session.limits)
         run = SessionRun(box, asyncio.create_task(box.watch(), name="corral-limit-watchdog"))
         try:
             await asyncio.to_thread(box.create)

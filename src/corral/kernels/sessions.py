@@ -41,14 +41,15 @@ from corral.kernels.session import validate_language as validate_language
 from corral.kernels.session import validate_session_id as validate_session_id
 from corral.kernels.starter import KernelStarter
 from corral.kernels.warm import WarmHandOver, WarmSession
-from corral.sandbox.runtime import PythonRuntime
+from corral.sandbox.host import SandboxHost
 from corral.store import Store
 
 log = logging.getLogger(__name__)
 
 
 class SessionManager:
-    """Owns every session of one server. Call `open()` first and `close()` at the end.
+    """Owns every session of one server. Call `open()` first and `close()` at the end;
+    they prepare and close the sandbox host too (made here when none is given).
 
     Raises `InvalidInput` at construction for an operator setting the factory refuses.
     """
@@ -57,28 +58,29 @@ class SessionManager:
         self,
         settings: Settings,
         *,
-        runtime: PythonRuntime | None = None,
+        host: SandboxHost | None = None,
         store: Store | None = None,
         egress: EgressSockets | None = None,
         on_event: EventHook | None = None,
     ) -> None:
         self.settings = settings
-        self.factory = KernelFactory(settings, runtime=runtime, egress=egress, on_event=on_event)
+        self.host = host or SandboxHost(settings)
+        self.factory = KernelFactory(settings, self.host, egress=egress, on_event=on_event)
         self.warm = WarmHandOver(self.factory, settings, self._room)
         self.store = store or Store(settings.db_path)
         self.records = SessionRecords(self.store, settings)
-        self.sessions: dict[str, Session] = {}
+        self._sessions: dict[str, Session] = {}  # by id
         self.kernels = KernelStarter(
             self.factory, self.warm, settings.max_sessions, self._room, self.records.save
         )
-        self.calls = CallRunner(self.kernels, settings, self.sessions.values, self.records.touch)
+        self.calls = CallRunner(self.kernels, settings, self._sessions.values, self.records.touch)
         self.reaper = IdleReaper(
-            self.sessions.values,
+            self._sessions.values,
             self.factory.stop_kernels,
             self.records.save,
             interval_s=min(60.0, max(1.0, settings.idle_timeout_s / 4)),
         )
-        self.disk_patrol = DiskPatrol(lambda: list(self.sessions.values()), self.kernels.drop_lost)
+        self.disk_patrol = DiskPatrol(lambda: list(self._sessions.values()), self.kernels.drop_lost)
 
     @property
     def pool(self) -> WarmPool[WarmSession]:
@@ -86,12 +88,12 @@ class SessionManager:
 
     async def open(self) -> None:
         """Load stored sessions (all stopped now) and start the idle reaper."""
-        await self.factory.prepare()
+        await self.host.prepare()
         try:
-            self.sessions.update((session.id, session) for session in self.records.load())
+            self._sessions.update((session.id, session) for session in self.records.load())
             await self.warm.open()
         except BaseException:
-            self.factory.close()  # its janitor leaves: nothing was started yet
+            self.host.close()  # its janitor leaves: nothing was started yet
             raise
         self.reaper.start()
         # What exists now (modules, classes, the runtime's objects) lives as long as the
@@ -106,12 +108,12 @@ class SessionManager:
         await self.warm.close()
         await self.disk_patrol.close()
         await self.reaper.close()
-        await asyncio.gather(*(self.factory.stop_kernels(s) for s in self.sessions.values()))
-        await self.factory.fonts.close()
-        for session in self.sessions.values():
+        await asyncio.gather(*(self.factory.stop_kernels(s) for s in self._sessions.values()))
+        await self.host.fonts.close()
+        for session in self._sessions.values():
             self.records.save(session)
         await asyncio.to_thread(self.store.close)  # after the writes queued
-        self.factory.close()
+        self.host.close()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -127,7 +129,7 @@ class SessionManager:
         leaves nothing behind.
         """
         session_id = validate_session_id(session_id) if session_id else new_session_id()
-        existing = self.sessions.get(session_id)
+        existing = self._sessions.get(session_id)
         if existing is not None and not existing.open:
             return await self.resume(existing, mounts)
         if existing is not None:
@@ -161,7 +163,7 @@ class SessionManager:
 
     async def start(self, session_id: str) -> SessionInfo:
         """Start a stopped session's python kernel again (same workspace and packages)."""
-        session = self._get(session_id)
+        session = self.session(session_id)
         await self._open(session)
         return session.info()
 
@@ -169,16 +171,16 @@ class SessionManager:
         await self.kernels.ensure(session, "python")
         session.open = True
 
-    def get(self, session_id: str) -> SessionInfo:
-        return self._get(session_id).info()
+    def exists(self, session_id: str) -> bool:
+        return session_id in self._sessions
 
     def list_sessions(self) -> list[SessionInfo]:
-        return [session.info() for session in self.sessions.values()]
+        return [session.info() for session in self._sessions.values()]
 
     async def stop(self, session_id: str, *, only_open: bool = False) -> SessionInfo:
         """Stop the session's kernels and close it; its workspace and packages stay for a
         later start. With `only_open` (coderunner's stop), a closed session is not found."""
-        session = self._get(session_id)
+        session = self.session(session_id)
         if only_open and not session.open:
             raise SessionNotFound(session_id)
         session.open = False
@@ -188,7 +190,7 @@ class SessionManager:
 
     async def restart(self, session_id: str) -> SessionInfo:
         """Replace the session's kernels with fresh ones (variables are lost, files stay)."""
-        session = self._get(session_id)
+        session = self.session(session_id)
         languages = sorted(session.kernels) or ["python"]
         async with session.lock:
             await self.factory.stop_kernels(session)
@@ -198,7 +200,7 @@ class SessionManager:
 
     async def delete(self, session_id: str) -> None:
         """Stop the session and remove its workspace, packages and record."""
-        session = self._get(session_id)
+        session = self.session(session_id)
         await self.factory.stop_kernels(session)
         await self._forget(session)
 
@@ -206,19 +208,19 @@ class SessionManager:
         """Remove a session whose kernels are stopped: its record, folders and egress."""
         if self.factory.egress is not None:
             await self.factory.egress.forget(session.id)
-        self.sessions.pop(session.id, None)
+        self._sessions.pop(session.id, None)
         await self.records.forget(session.id)
 
     def _room(self) -> int:
         """How many more sessions may run (the warm pool fills no further)."""
-        running = sum(1 for session in self.sessions.values() if session.running)
+        running = sum(1 for session in self._sessions.values() if session.running)
         return self.settings.max_sessions - running
 
     # -- helpers ---------------------------------------------------------------------------
 
     def note_refusal(self, session_id: str, refusal: NetRefusal) -> None:
         """A connection the proxy refused for `session_id`, for its running execution."""
-        session = self.sessions.get(session_id)
+        session = self._sessions.get(session_id)
         if session is not None:
             session.note_refusal(refusal)
 
@@ -228,23 +230,25 @@ class SessionManager:
         Raises `SessionNotFound`, or `SessionClosed` for a named session that was stopped
         when `resume` is False."""
         if session_id is None:
-            if DEFAULT_SESSION not in self.sessions:  # made on first use, anywhere
-                self.sessions[DEFAULT_SESSION] = self.records.made_now(DEFAULT_SESSION)
-            return self.sessions[DEFAULT_SESSION]
-        session = self._get(session_id)
+            if DEFAULT_SESSION not in self._sessions:  # made on first use, anywhere
+                self._sessions[DEFAULT_SESSION] = self.records.made_now(DEFAULT_SESSION)
+            return self._sessions[DEFAULT_SESSION]
+        session = self.session(session_id)
         if not resume and not session.open:
             raise SessionClosed(session_id)
         return session
 
-    def _get(self, session_id: str) -> Session:
-        session = self.sessions.get(validate_session_id(session_id))
+    def session(self, session_id: str) -> Session:
+        """The session named `session_id`; raises `InvalidInput` for a malformed id and
+        `SessionNotFound` for an unknown one."""
+        session = self._sessions.get(validate_session_id(session_id))
         if session is None:
             raise SessionNotFound(session_id)
         return session
 
     async def _register(self, session_id: str) -> Session:
         record = await self.records.stored_new(session_id)
-        if session_id in self.sessions:  # made meanwhile, by a call that did not wait
+        if session_id in self._sessions:  # made meanwhile, by a call that did not wait
             raise SessionExists(session_id)
-        session = self.sessions[session_id] = self.records.made(record)
+        session = self._sessions[session_id] = self.records.made(record)
         return session
