@@ -10,7 +10,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import platformdirs
@@ -104,7 +104,7 @@ class Settings:
             output_bytes=self.max_output_bytes,
             workspace_files=self.workspace_files,
         )
-        return limits.changed(limits.to_dict())  # the configured limits pass the same checks
+        return limits.changed(asdict(limits))  # the configured limits pass the same checks
 
     def _parse_mounts(self) -> Mapping[str, MountSpec]:
         if not self.mounts.strip():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.kernels.session import Session
-from corral.sandbox.limits import LIVE_LIMITS, best_effort, enforcement
+from corral.sandbox.limits import LIVE_LIMITS, Limits, best_effort, enforcement
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class LimitsReport:
     """
 
     session_id: str
-    limits: dict[str, Any]
+    limits: Limits
     mechanism: str
     enforcement: dict[str, str]
     usage: LimitsUsage | None
@@ -65,7 +65,7 @@ def limits_report(session: Session, mechanism: str) -> LimitsReport:
         usage = LimitsUsage(memory_bytes=current.memory_bytes, tasks=current.tasks)
     return LimitsReport(
         session_id=session.id,
-        limits=session.limits.to_dict(),
+        limits=session.limits,
         mechanism=mechanism,
         enforcement=enforcement(mechanism),
         usage=usage,

@@ -56,14 +56,6 @@ class Event:
     ename: str = ""
     evalue: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The event's fields for its kind (the streamed JSON shape)."""
-        if self.kind == "display":
-            return {"data": self.data}
-        if self.kind == "error":
-            return {"ename": self.ename, "evalue": self.evalue}
-        return {"text": self.text}
-
 
 def event_of(msg_type: str, content: dict[str, Any]) -> Event | None:
     """The event for one Jupyter iopub message, or None for one with nothing to show."""

@@ -27,9 +27,6 @@ class SessionEvent:
     at: float
     detail: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "kind": self.kind, "at": self.at, **self.detail}
-
 
 class _Feed:
     def __init__(self, keep: int) -> None:

@@ -704,9 +704,7 @@ async def test_exhaust_memory_with_a_bytearray(host: Host) -> None:
         execute(host, "hog = bytearray(1 << 30)", B), execute(host, "1 + 1", A)
     )
     assert bomb.limit == "memory", bomb.text()
-    assert bomb.status == (
-        "error" if host.service.host.mechanism.name == "rlimit" else "died"
-    )
+    assert bomb.status == ("error" if host.service.host.mechanism.name == "rlimit" else "died")
     assert bomb.message is not None and "256 MiB memory limit" in bomb.message
     assert beside.results == [{"text/plain": "2"}]
     await answers(host, A)

@@ -165,7 +165,7 @@ async def test_non_default_profiles_start_cold(settings: Settings, tmp_path: Pat
         await service.controls.set_limits("limited", {"memory_bytes": 300 * KERNEL_MIB})
         limited = await service.start_session("limited")
         assert not limited.from_pool
-        assert service.controls.limits("limited").limits["memory_bytes"] == 300 * KERNEL_MIB
+        assert service.controls.limits("limited").limits.memory_bytes == 300 * KERNEL_MIB
 
         await service.create_session("resumed")
         await run(service, "resumed", "open('kept.txt','w').write('kept')")

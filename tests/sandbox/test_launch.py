@@ -18,8 +18,8 @@ import pytest
 
 from corral.config import Settings
 from corral.errors import AdmissionFailed, FetchTimedOut
-from corral.sandbox.host import SandboxHost
 from corral.sandbox.boxes import LimitBox, RlimitBox
+from corral.sandbox.host import SandboxHost
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SandboxPolicy
 from corral.sandbox.process import run_sandboxed
@@ -155,9 +155,7 @@ def test_the_environment_is_exactly_the_policys(
         assert seen == {**dict(policy.env), "PWD": policy.cwd}
 
 
-def test_seccomp_applies_to_a_launched_sandbox(
-    host: SandboxHost, policy: SandboxPolicy
-) -> None:
+def test_seccomp_applies_to_a_launched_sandbox(host: SandboxHost, policy: SandboxPolicy) -> None:
     process = start_sandbox(
         policy, ["python", "-c", PTRACE], bwrap=host.bwrap, stdout=subprocess.PIPE
     )

@@ -515,7 +515,7 @@ async def test_memory_limit_lowered_live_applies_at_once(limited: Service) -> No
     assert (await run(limited, "lim-mem-live", ALLOCATE_64M)).status == "ok"
     report = await limited.controls.set_limits("lim-mem-live", {"memory_bytes": "128M"})
     assert report.changed_now == ("memory_bytes",)
-    assert report.limits["memory_bytes"] == 128 * MIB
+    assert report.limits.memory_bytes == 128 * MIB
     # The kernel itself holds about 31 MiB: 128 MiB more cannot fit.
     lowered = await run(limited, "lim-mem-live", "x = bytearray(128 << 20); del x")
     assert lowered.limit == "memory", lowered.text()
@@ -562,7 +562,7 @@ async def test_memory_below_usage_is_refused(limited: Service) -> None:
     assert usage > 128 * MIB
     with pytest.raises(LimitRefused, match="refused memory=134217728"):
         await limited.controls.set_limits("lim-mem-refused", {"memory_bytes": "128M"})
-    assert limited.controls.limits("lim-mem-refused").limits["memory_bytes"] == MEMORY
+    assert limited.controls.limits("lim-mem-refused").limits.memory_bytes == MEMORY
     assert memory_limit_in_cgroup(limited, "lim-mem-refused") == MEMORY
     assert await value(limited, "lim-mem-refused", "len(x)") == 100 * MIB
 
@@ -625,7 +625,7 @@ async def test_changed_limits_survive_a_server_restart(tmp_path: Path, limited: 
         await first.controls.set_limits("lim-kept", {"tasks": 40, "memory_bytes": "300M"})
     async with Service(settings) as again:
         kept = again.controls.limits("lim-kept").limits
-        assert (kept["tasks"], kept["memory_bytes"]) == (40, 300 * MIB)
+        assert (kept.tasks, kept.memory_bytes) == (40, 300 * MIB)
         assert again.controls.limits("lim-kept").usage is None
 
 

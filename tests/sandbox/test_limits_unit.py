@@ -49,6 +49,8 @@ from corral.sandbox.limits import (
     format_size,
     parse_size,
 )
+from corral.server.operation import wire
+from corral.server.schemas import LimitsValues
 
 KIB = 1024
 MIB = KIB * KIB
@@ -163,8 +165,8 @@ def test_a_number_that_is_not_finite_is_refused(name: str, value: object) -> Non
         BASE.changed({name: value})
 
 
-def test_to_dict_lists_every_limit() -> None:
-    assert BASE.to_dict() == {
+def test_the_wire_model_lists_every_limit() -> None:
+    assert wire(LimitsValues, BASE) == {
         "memory_bytes": 256 * MIB,
         "cpus": 0.5,
         "tasks": 48,

@@ -7,6 +7,7 @@ mechanism this host offers. Every test changes only the session made for it (`si
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import httpx
@@ -56,7 +57,7 @@ def test_admin_reads_limits_mechanism_and_usage(server: RunningServer, sid: str)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["session_id"] == sid
-    assert report["limits"] == server.settings.limits.to_dict()
+    assert report["limits"] == asdict(server.settings.limits)
     assert report["mechanism"] == detect_mechanism().name
     assert {"memory", "cpu", "tasks", "workspace", "tmpfs", "time", "output", "idle"} <= set(
         report["enforcement"]
@@ -241,7 +242,7 @@ def test_corral_limits_set_refuses_bad_values(
 ) -> None:
     code, text = corral(server, "limits", "set", sid, *args)
     assert code == 1 and words in text, text
-    assert current(server, sid) == server.settings.limits.to_dict()
+    assert current(server, sid) == asdict(server.settings.limits)
 
 
 def test_corral_limits_set_needs_a_limit(server: RunningServer, sid: str) -> None:

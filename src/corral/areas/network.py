@@ -66,5 +66,7 @@ class NetworkService:
 
     def _changed(self, session_id: str, action: str, policy: Policy, cut: int) -> PolicyChange:
         change = PolicyChange(policy, cut)
-        self.trail.admin(action, session_id, {**policy.to_dict(), "tunnels_closed": cut})
+        self.trail.admin(
+            action, session_id, {"mode": policy.mode, "allow": policy.allow, "tunnels_closed": cut}
+        )
         return change

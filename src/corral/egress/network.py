@@ -116,8 +116,7 @@ class Network:
         """Replace the session's policy (stored first); returns it and how many open tunnels
         were cut."""
         policy = make_policy(mode, allow)
-        entries = [e.text for e in policy.entries]
-        await self.store.run(self.store.put_policy, session_id, policy.mode, entries)
+        await self.store.run(self.store.put_policy, session_id, policy.mode, policy.allow)
         self.policies[session_id] = policy
         return policy, self.proxy.policy_changed(session_id)
 
@@ -125,15 +124,13 @@ class Network:
         """Add entries (a `none` session becomes an allowlist; `public` stays public)."""
         current = self.policy(session_id)
         mode = "allowlist" if current.mode == "none" else current.mode
-        return await self.set(session_id, mode, [*_texts(current), *hosts])
+        return await self.set(session_id, mode, [*current.allow, *hosts])
 
     async def deny(self, session_id: str, hosts: list[str]) -> tuple[Policy, int]:
         """Remove entries; removing the last one of an allowlist leaves an empty allowlist."""
         drop = {entry.text for host in hosts for entry in parse_entry(host)}
         current = self.policy(session_id)
-        return await self.set(
-            session_id, current.mode, [t for t in _texts(current) if t not in drop]
-        )
+        return await self.set(session_id, current.mode, [t for t in current.allow if t not in drop])
 
     # -- requests by the agent -------------------------------------------------------------
 
@@ -168,10 +165,6 @@ class Network:
         decision = "approved" if approve else "rejected"
         await self.store.run(self.store.decide_request, request_id, decision)
         return await self.get_request(request_id)
-
-
-def _texts(policy: Policy) -> list[str]:
-    return [entry.text for entry in policy.entries]
 
 
 def _split(raw: str) -> list[str]:

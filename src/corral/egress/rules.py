@@ -62,8 +62,10 @@ class Policy:
     mode: Mode = "none"
     entries: tuple[Entry, ...] = field(default=())
 
-    def to_dict(self) -> dict[str, object]:
-        return {"mode": self.mode, "allow": [entry.text for entry in self.entries]}
+    @property
+    def allow(self) -> list[str]:
+        """The allowlist as written (presets expanded)."""
+        return [entry.text for entry in self.entries]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,6 @@ class Limits:
     output_bytes: int
     # Files and directories in the workspace, package prefix and run directories.
     workspace_files: int = 200_000
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def changed(self, changes: dict[str, Any]) -> Limits:
         """A copy with `changes` applied; raises `InvalidInput` for an unknown or bad value."""

@@ -8,6 +8,7 @@ the bodies and responses (`corral.server.schemas`) and the query strings
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -130,6 +131,18 @@ def _operation(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def _stream_content(events: tuple[type[BaseModel], ...], models: dict[str, Any]) -> dict[str, Any]:
+    """An event stream's two forms; each event's data is one of `events` (OpenAPI 3.1 has
+    the string's `contentSchema` say so)."""
+    data = {"oneOf": [_schema(model, models) for model in events]}
+    sse = copy.deepcopy(SSE_EVENT)
+    sse["properties"]["data"]["contentSchema"] = data
+    return {
+        "text/event-stream": {"schema": sse},
+        "application/x-ndjson": {"schema": NDJSON_STREAM},
+    }
+
+
 def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
     status, model = op.ok
     ok: dict[str, Any] = {"description": "Success"}
@@ -137,11 +150,9 @@ def _responses(op: Operation, models: dict[str, Any]) -> dict[str, Any]:
         ok["content"] = {
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
         }
-    elif op.stream:
-        ok["content"] = {
-            "text/event-stream": {"schema": SSE_EVENT},
-            "application/x-ndjson": {"schema": NDJSON_STREAM},
-        }
+    elif op.stream:  # a model beside: JSON unless the client asks for a stream
+        whole = {JSON: {"schema": _schema(model, models)}} if model is not None else {}
+        ok["content"] = {**whole, **_stream_content(op.stream, models)}
     elif status != 204:
         schema = _schema(model, models) if model is not None else {"type": "object"}
         ok["content"] = {JSON: {"schema": schema}}

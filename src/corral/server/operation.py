@@ -70,7 +70,9 @@ class Operation:
     description: str = ""  # what the schemas cannot say
     extra_errors: tuple[tuple[str, str], ...] = ()  # status and meaning, past the common ones
     headers: dict[str, Any] = field(default_factory=dict)  # of the success response
-    stream: bool = False  # the success response is an event stream
+    # The success response may be a stream of events (the only form without `ok`'s model),
+    # each event's data one of these models.
+    stream: tuple[type[BaseModel], ...] = ()
     links: tuple[Link, ...] = ()
 
     @property

@@ -20,6 +20,7 @@ from corral.browser.fetch import PageResult
 from corral.controls import BridgeReport, LimitsReport
 from corral.egress.network import NetworkStatus, PolicyChange
 from corral.errors import InvalidInput
+from corral.execution import Event as OutputEvent
 from corral.execution import Execution
 from corral.files import FileEntry, Listing
 from corral.kernels.session import SessionInfo
@@ -159,6 +160,7 @@ async def restart_session(request: Request) -> SessionInfo:
     description=STREAM_TEXT,
     body=s.ExecuteRequest,
     ok=(200, s.ExecutionResultModel),
+    stream=s.EXECUTION_EVENTS,
     headers=EXECUTION_ID_HEADER,
     links=EXECUTION_LINKS,
 )
@@ -173,6 +175,7 @@ async def execute_in_session(request: Request, body: s.ExecuteRequest) -> Respon
     description=STREAM_TEXT,
     body=s.ExecuteAnyRequest,
     ok=(200, s.ExecutionResultModel),
+    stream=s.EXECUTION_EVENTS,
     headers=EXECUTION_ID_HEADER,
     links=EXECUTION_LINKS,
 )
@@ -218,15 +221,22 @@ async def _stream(
     """The execution's id first (when `announce`), then its output events after number
     `after` as they happen, each with its number, then the whole result as the last event."""
     if announce:
-        yield _event(mode, "execution", {"id": execution.id, "session_id": execution.session_id})
+        yield _event(mode, "execution", wire(s.ExecutionBegunEvent, execution))
     async for number, event in execution.events(after):
-        yield _event(mode, event.kind, {"seq": number, **event.to_dict()}, number)
+        yield _event(mode, event.kind, _output(number, event), number)
     try:
         result = await execution.result()
     except Exception as exc:  # reported in the stream: headers are already sent
-        yield _event(mode, "failure", {"message": str(exc)})
+        yield _event(mode, "failure", wire(s.StreamFailureEvent, {"message": str(exc)}))
         return
     yield _event(mode, "result", wire(s.ExecutionResultModel, result))
+
+
+def _output(number: int, event: OutputEvent) -> dict[str, Any]:
+    """An output event on the wire: its number, then the fields of its kind."""
+    model = s.OUTPUT_EVENTS[event.kind]
+    fields = {name: getattr(event, name) for name in model.model_fields if name != "seq"}
+    return wire(model, {"seq": number, **fields})
 
 
 def _event(mode: str, name: str, data: dict[str, Any], number: int | None = None) -> str:
@@ -268,7 +278,7 @@ async def get_execution(request: Request) -> dict[str, Any]:
     "An execution's output events after number `after` (or Last-Event-ID), as they "
     "happen, then its result; SSE unless Accept asks for application/x-ndjson",
     query=q.EventsQuery,
-    stream=True,
+    stream=s.EXECUTION_EVENTS,
 )
 async def execution_events(request: Request, query: q.EventsQuery) -> Response:
     """The events after `?after=N` (or the SSE `Last-Event-ID`), then the result."""
@@ -285,7 +295,7 @@ async def execution_events(request: Request, query: q.EventsQuery) -> Response:
     "stopped, deleted; SSE unless Accept asks for application/x-ndjson",
     description=SESSION_EVENTS_TEXT,
     query=q.EventsQuery,
-    stream=True,
+    stream=s.SESSION_EVENTS,
 )
 async def session_events(request: Request, query: q.EventsQuery) -> Response:
     """The session's status events after `?after=N` (or `Last-Event-ID`), then each as it
@@ -299,12 +309,12 @@ async def session_events(request: Request, query: q.EventsQuery) -> Response:
 
     async def body() -> AsyncIterator[str]:
         if missed:
-            yield _event(mode, "missed", {"count": missed})
+            yield _event(mode, "missed", wire(s.EventsMissedEvent, {"count": missed}))
         async for event in events:
             if event is None:
                 yield ": keep-alive\n\n" if mode == "sse" else "\n"
             else:
-                yield _event(mode, event.kind, event.to_dict(), event.seq)
+                yield _event(mode, event.kind, wire(s.SessionEventModel, event), event.seq)
 
     return StreamingResponse(body(), media_type=MEDIA[mode], headers={"Cache-Control": "no-store"})
 

@@ -249,6 +249,92 @@ class ExecutionList(BaseModel):
     executions: list[ExecutionModel] = Field(description="Newest first, without results.")
 
 
+# -- streamed events: each event's data (SSE) or, beside its `type`, its line (NDJSON) ----
+
+
+class ExecutionBegunEvent(BaseModel):
+    """`execution`, a stream's first event: the id to come back to the execution with."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    session_id: str
+
+
+class OutputTextEvent(BaseModel):
+    """`stdout` or `stderr`: only the joined text and the order of these events mean
+    anything (the kernel may split or join output into any number of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1)
+    text: str
+
+
+class OutputDisplayEvent(BaseModel):
+    """`display`: a MIME bundle (an expression's value, a figure, HTML)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1)
+    data: dict[str, Any]
+
+
+class OutputErrorEvent(BaseModel):
+    """`error`: the exception the code raised."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1)
+    ename: str
+    evalue: str
+
+
+class StreamFailureEvent(BaseModel):
+    """`failure`: the call ended without a result (the stream's last event)."""
+
+    model_config = ConfigDict(extra="forbid")
+    message: str
+
+
+class EventsMissedEvent(BaseModel):
+    """`missed`: events past the kept bound that a reconnecting client cannot have."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=1)
+
+
+class SessionEventModel(BaseModel):
+    """A session's status event; `kind` names it and the other fields depend on it."""
+
+    model_config = ConfigDict(extra="allow")
+    seq: int = Field(ge=1)
+    kind: str
+    at: float
+
+    @model_validator(mode="before")
+    @classmethod
+    def _detail_beside_the_kind(cls, value: Any) -> Any:
+        """The feed keeps an event's details apart; on the wire they sit beside `kind`."""
+        detail = getattr(value, "detail", None)
+        if detail is None:
+            return value
+        return {"seq": value.seq, "kind": value.kind, "at": value.at, **detail}
+
+
+OUTPUT_EVENTS: dict[str, type[BaseModel]] = {
+    "stdout": OutputTextEvent,
+    "stderr": OutputTextEvent,
+    "display": OutputDisplayEvent,
+    "error": OutputErrorEvent,
+}
+EXECUTION_EVENTS = (
+    ExecutionBegunEvent,
+    OutputTextEvent,
+    OutputDisplayEvent,
+    OutputErrorEvent,
+    StreamFailureEvent,
+    ExecutionResultModel,
+)
+SESSION_EVENTS = (EventsMissedEvent, SessionEventModel)
+
+
 class FileEntryModel(BaseModel):
     path: str
     kind: Literal["file", "dir", "link", "other"]
@@ -589,7 +675,7 @@ class NetworkPolicyModel(BaseModel):
         policy = getattr(value, "policy", None)
         if policy is None:
             return value
-        shown = policy.to_dict()
+        shown: dict[str, Any] = {"mode": policy.mode, "allow": policy.allow}
         if (stats := getattr(value, "stats", None)) is not None:
             shown["stats"] = dict(stats)
         if (closed := getattr(value, "tunnels_closed", None)) is not None:
