@@ -35,6 +35,8 @@ QUICK = Plan(
     egress_connections=60,
     egress_blocks=2,
     disk_runs=2,
+    first_runs=5,
+    churn_rounds=1,
 )
 SMOKE = Plan(
     cold_runs=1,
@@ -56,6 +58,10 @@ SMOKE = Plan(
     egress_connect_warmup=0,
     egress_blocks=1,
     disk_runs=1,
+    first_runs=1,
+    first_warmup=0,
+    churn_cycles=2,
+    churn_rounds=1,
 )
 # Command-line option (without the dashes) for each count of the plan it can override.
 COUNTS = {
@@ -69,6 +75,9 @@ COUNTS = {
     "egress_mib": "MiB per egress download",
     "egress_downloads": "egress downloads per route",
     "egress_connections": "new egress connections per route",
+    "first_runs": "first results (new session, then 1+1) per side and transport",
+    "churn_cycles": "create / 1+1 / delete cycles per churn round",
+    "churn_rounds": "churn rounds per side",
 }
 
 

@@ -34,15 +34,25 @@ class KeepAliveClient:
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         """POST `body` as JSON; the status and the decoded JSON answer."""
+        return await self.request("POST", path, body)
+
+    async def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, Any]:
+        """`method` with `body` as JSON (none when None); the status and the decoded JSON
+        answer (None for an empty one, such as a 204's)."""
         if self._reader is None or self._writer is None:
             raise RuntimeError("the client is not open")
-        payload = json.dumps(body).encode()
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        payload = b"" if body is None else json.dumps(body).encode()
+        head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
         head += [f"{name}: {value}" for name, value in self.headers.items()]
-        head += ["Content-Type: application/json", f"Content-Length: {len(payload)}", "", ""]
+        if body is not None:
+            head.append("Content-Type: application/json")
+        head += [f"Content-Length: {len(payload)}", "", ""]
         self._writer.write("\r\n".join(head).encode() + payload)
         status, length = await self._read_head(self._reader)
-        return status, json.loads(await self._reader.readexactly(length))
+        answer = await self._reader.readexactly(length)
+        return status, json.loads(answer) if answer else None
 
     @staticmethod
     async def _read_head(reader: asyncio.StreamReader) -> tuple[int, int]:

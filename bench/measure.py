@@ -61,6 +61,10 @@ class Plan:
     egress_connect_warmup: int = 5
     egress_blocks: int = 5
     disk_runs: int = 5
+    first_runs: int = 20
+    first_warmup: int = 1
+    churn_cycles: int = 20
+    churn_rounds: int = 3
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) <= 0:

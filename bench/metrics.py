@@ -28,6 +28,7 @@ def build_metrics(samples: dict[str, Paired], plan: Plan) -> list[Metric]:
     return [
         *_start_metrics(both),
         *_served_metrics(both),
+        *_new_session_metrics(both),
         *_concurrency_metrics(both, plan),
         *_memory_metrics(both, plan),
         *_egress_metrics(both, plan),
@@ -106,6 +107,67 @@ def _served_metrics(both: Both) -> list[Metric]:
             digits=2,
             table="served",
             aims=(Aim(50, 10.0),),
+        ),
+    ]
+
+
+def _new_session_metrics(both: Both) -> list[Metric]:
+    """A new session's first result over REST and MCP, and churn, against plain kernels."""
+    baseline = (
+        "baseline: the first `1+1` of a plain jupyter_client kernel started just before "
+        "(not timed), as a pool holds one."
+    )
+    first = (
+        "From asking for a new session to the result of its first `1+1`, {how}, against "
+        "`corral serve` with its default warm pool, full before each sample (not timed); "
+        + baseline
+    )
+    return [
+        Metric(
+            "first_result_rest",
+            "Time to first result via REST",
+            "ms",
+            first.format(how="POST /v1/sessions then POST /v1/sessions/{id}/execute"),
+            *both("first_result_rest"),
+            shown=P50_P95,
+            digits=1,
+            table="fresh",
+            aims=(Aim(50, 10.0),),
+        ),
+        Metric(
+            "first_result_mcp",
+            "Time to first result via MCP",
+            "ms",
+            first.format(how="the start_python_session then execute_python_code tools"),
+            *both("first_result_mcp"),
+            shown=P50_P95,
+            digits=1,
+            table="fresh",
+            aims=(Aim(50, 10.0),),
+        ),
+        Metric(
+            "churn_cycle",
+            "Churn: create, `1+1`, delete",
+            "ms",
+            "One cycle over REST (POST /v1/sessions, execute 1+1, DELETE the session), "
+            "cycles back to back with nothing waited for between them, so the pool refills "
+            "as it can; baseline: start a plain kernel, 1+1, stop it.",
+            *both("churn_cycle"),
+            shown=P50_P95,
+            digits=1,
+            table="fresh",
+            aims=(Aim(50, 100.0),),
+        ),
+        Metric(
+            "churn_rate",
+            "Churn: sessions per second",
+            "sessions/s",
+            "Cycles of churn_cycle per second of a round's wall time, one sample per round.",
+            *both("churn_rate"),
+            shown=MEDIAN,
+            digits=1,
+            table="fresh",
+            aims=(Aim(50, 5.0, above=True),),
         ),
     ]
 

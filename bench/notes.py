@@ -16,6 +16,7 @@ def notes(plan: Plan, metrics: list[Metric]) -> list[str]:
     return [
         *_start_notes(plan, by_key),
         _served_note(plan, by_key),
+        _new_session_note(plan, by_key),
         *_concurrency_notes(plan, by_key),
         *_memory_notes(plan, by_key),
         *_egress_notes(plan, by_key),
@@ -63,6 +64,20 @@ def _served_note(plan: Plan, by_key: dict[str, Metric]) -> str:
         f"consecutive calls, each first in turn; {plan.rt_runs} runs per side after "
         f"{plan.rt_warmup} warm-up), so it can differ a little from the first table's "
         f"figure. {'; '.join(parts)}."
+    )
+
+
+def _new_session_note(plan: Plan, by_key: dict[str, Metric]) -> str:
+    rest, mcp = by_key["first_result_rest"], by_key["first_result_mcp"]
+    churn = by_key["churn_rate"]
+    return (
+        f"A new session: its first result in **{rest.corral.p(50):.1f} ms** over REST and "
+        f"**{mcp.corral.p(50):.1f} ms** over MCP at p50 (a plain kernel's first `1+1`: "
+        f"{rest.baseline.p(50):.1f} ms), {plan.first_runs} runs per side after "
+        f"{plan.first_warmup} warm-up, REST, MCP and the baseline taking turns; each session "
+        "was deleted and the pool waited for until full outside the timed part. Churn: "
+        f"**{churn.corral.p(50):.1f} sessions/s** (plain kernels: {churn.baseline.p(50):.1f}), "
+        f"{plan.churn_rounds} rounds of {plan.churn_cycles} cycles per side, alternating."
     )
 
 

@@ -24,13 +24,15 @@ class Table:
 
 # The first table compares sandboxed corral with the unsandboxed baseline; the second, a
 # session start from the warm pool with a cold one; the third, corral reached through its
-# server with corral called in-process; then many sessions at once and memory, each against
+# server with corral called in-process; a new session's first result and churn against the
+# same on plain jupyter_client; then many sessions at once and memory, each against
 # the baseline; the last, connections through the egress proxy with the same connections made
 # directly on the host.
 TABLES = (
     Table("main", "Against the unsandboxed kernel", ("corral", "baseline")),
     Table("pool", "Session start from the warm pool", ("from the pool", "cold")),
     Table("served", "Through the server", ("through the server", "in-process")),
+    Table("fresh", "A new session through the server", ("corral", "baseline")),
     Table("concurrency", "Concurrent sessions", ("corral", "baseline")),
     Table("memory", "Memory per session", ("corral", "baseline")),
     Table("egress", "Egress", ("through the proxy", "direct on the host")),

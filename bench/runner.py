@@ -12,6 +12,7 @@ from bench.baseline import BaselineRoots, home_parent
 from bench.concurrency import measure_concurrency
 from bench.disk import measure_disk_overshoot
 from bench.egress import measure_egress
+from bench.first_result import measure_new_sessions
 from bench.footprint import measure_fleet_memory, measure_memory
 from bench.measure import (
     Paired,
@@ -29,7 +30,7 @@ async def collect(plan: Plan) -> dict[str, Paired]:
     """All samples of one run, keyed by measurement.
 
     The keys are "cold_start", "round_trip", "pool_start", "round_trip_rest",
-    "round_trip_mcp", those of `measure_memory`, `measure_fleet_memory` and
+    "round_trip_mcp", those of `measure_new_sessions`, `measure_memory`, `measure_fleet_memory` and
     `measure_concurrency`, "egress_" + each key of `measure_egress`, and those of
     `measure_disk_overshoot`.
 
@@ -43,6 +44,7 @@ async def collect(plan: Plan) -> dict[str, Paired]:
     )
     try:
         samples = await _sessions(workdir, roots, plan)
+        samples.update(await measure_new_sessions(workdir / "fresh", roots, plan))
         egress = await measure_egress(workdir / "egress", plan)
         samples.update({f"egress_{key}": paired for key, paired in egress.items()})
         samples.update(await measure_disk_overshoot(workdir / "disk", plan))

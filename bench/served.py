@@ -2,9 +2,10 @@
 
 The server is `corral serve` in a process of its own, as users run it (so it does not share
 this process's interpreter lock with the clients), on 127.0.0.1 with a free port, the warm
-pool off, and tokens in a throw-away config directory. The REST client is one keep-alive
-HTTP/1.1 connection (`bench.http1`); the MCP client is the SDK's `Client` over streamable
-HTTP on one `httpx2.AsyncClient`. Both are opened once and reused for every sample.
+pool off unless asked for, and tokens in a throw-away config directory. The REST client is
+one keep-alive HTTP/1.1 connection (`bench.http1`); the MCP client is the SDK's `Client` over
+streamable HTTP on one `httpx2.AsyncClient`. Both are opened once and reused for every
+sample.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class ServedCorral:
         """The agent's Authorization header."""
         return {"Authorization": f"Bearer {self.tokens.agent}"}
 
+    @property
+    def admin_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens.admin}"}
+
 
 def free_port(host: str = HOST) -> int:
     """A TCP port nothing listens on right now."""
@@ -63,22 +68,26 @@ def free_port(host: str = HOST) -> int:
         return port
 
 
-def served_env(workdir: Path, run_root: Path, port: int) -> dict[str, str]:
-    """The environment of the bench's server: this one without CORRAL_*, then its own."""
+def served_env(workdir: Path, run_root: Path, port: int, *, pool: bool) -> dict[str, str]:
+    """The environment of the bench's server: this one without CORRAL_*, then its own.
+    Without `pool`, the warm pool is off: no kernel starts in the background while a round
+    trip is measured."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(
         CORRAL_STATE_DIR=str(workdir / "state"),
         CORRAL_CONFIG_DIR=str(workdir / "config"),
         CORRAL_RUN_ROOT=str(run_root),
         CORRAL_PORT=str(port),
-        CORRAL_POOL_SIZE="0",  # no kernel starting in the background while it is measured
     )
+    if not pool:
+        env["CORRAL_POOL_SIZE"] = "0"
     return env
 
 
 @asynccontextmanager
-async def served_corral(workdir: Path) -> AsyncIterator[ServedCorral]:
-    """`corral serve` on loopback whose state and tokens live in `workdir/state|config`.
+async def served_corral(workdir: Path, *, pool: bool = False) -> AsyncIterator[ServedCorral]:
+    """`corral serve` on loopback whose state and tokens live in `workdir/state|config`,
+    with its default warm pool when `pool`.
 
     Its run root is a new short directory in /tmp (unix socket paths must stay under 108
     bytes). On exit the server gets SIGTERM (which stops its kernels) and the run root, state
@@ -90,7 +99,7 @@ async def served_corral(workdir: Path) -> AsyncIterator[ServedCorral]:
     log_file = (workdir / "serve.log").open("wb")
     process = subprocess.Popen(  # noqa: ASYNC220 (it only forks and execs)
         [sys.executable, "-m", "corral", "serve"],
-        env=served_env(workdir, run_root, port),
+        env=served_env(workdir, run_root, port, pool=pool),
         stdout=log_file,
         stderr=subprocess.STDOUT,
     )
@@ -180,3 +189,27 @@ async def mcp_execute(client: Client, session_id: str, code: str) -> dict[str, A
     if result["status"] != "ok" or result["kernel_restarted"]:
         raise RuntimeError(f"MCP {code!r} ended {result['status']}: {result['message']}")
     return result
+
+
+async def delete_served_session(client: KeepAliveClient, session_id: str) -> None:
+    """DELETE /v1/sessions/{id}; raises `RuntimeError` unless it answers 204."""
+    status, answer = await client.request("DELETE", f"/v1/sessions/{session_id}")
+    if status != 204:
+        raise RuntimeError(f"deleting session {session_id} answered {status}: {answer}")
+
+
+async def wait_pool_full(admin: KeepAliveClient, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll GET /v1/admin/pool (admin token) until the pool holds its target, a kernel or
+    more; raises `RuntimeError` past `timeout_s` or when the pool is off."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, pool = await admin.request("GET", "/v1/admin/pool")
+        if status != 200:
+            raise RuntimeError(f"GET /v1/admin/pool answered {status}: {pool}")
+        if pool["size"] == 0:
+            raise RuntimeError("the bench's server has its warm pool off")
+        if pool["ready"] >= pool["target"] > 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the warm pool was not full within {timeout_s} s: {pool}")
+        await asyncio.sleep(0.05)

@@ -82,6 +82,8 @@ class Settings:
     pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none
     pool_memory_bytes: int = 512 * MIB  # what the ready kernels may hold together (their PSS)
     pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
+    # No refill starts this soon after a session took a kernel: its first code goes first.
+    pool_refill_pause_s: float = 0.25
     font_list_build: bool = True  # build matplotlib's font list once, for every new session
     # Parsed from the fields above at construction; never set directly.
     limits: Limits = field(init=False, repr=False, compare=False)
@@ -156,7 +158,7 @@ class Settings:
         return replace(settings, **overrides)  # type: ignore[arg-type]
 
 
-ZERO_ALLOWED = frozenset({"pool_size"})
+ZERO_ALLOWED = frozenset({"pool_size", "pool_refill_pause_s"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Set by corral itself inside the sandbox, or able to change how it loads code.
 RESERVED_ENV = frozenset(

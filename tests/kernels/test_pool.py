@@ -18,7 +18,7 @@ from corral.errors import InvalidInput
 from corral.kernels.results import ExecutionResult
 from corral.kernels.sessions import SessionManager
 from corral.server.operation import wire
-from corral.server.schemas import AuditPageModel
+from corral.server.schemas import AuditPageModel, PoolModel
 from corral.service import Service
 from tests.loopback import HOST, serve_directory
 
@@ -105,6 +105,25 @@ async def test_a_pool_session_is_a_whole_session(pooled: Service) -> None:
     assert again.stdout == "from the files api\n"
     bash = await run(pooled, "whole", "cat in.txt", language="bash")
     assert bash.stdout.strip() == "from the files api"
+
+
+async def test_a_primed_pool_kernel_looks_new_to_its_session(pooled: Service) -> None:
+    """The pool shows each kernel a first result ahead of time; none of it stays behind."""
+    info = await pooled.create_session("fresh")
+    assert info.from_pool
+    probe = "print(repr(_), Out, len(In), [n for n in dir() if n[:1] == '_' and n[1:].isdigit()])"
+    result = await run(pooled, "fresh", probe)
+    assert (result.stdout, result.execution_count) == ("'' {} 2 []\n", 1)
+    shown = await run(pooled, "fresh", "6*7")
+    assert shown.results[0]["text/plain"] == "42" and shown.execution_count == 2
+
+
+async def test_the_pool_reports_what_it_holds_and_what_it_gave(pooled: Service) -> None:
+    held = wire(PoolModel, pooled.controls.pool())
+    assert (held["size"], held["target"], held["ready"], held["taken"]) == (2, 2, 2, 0)
+    assert 0 < held["memory_bytes"] <= held["budget_bytes"]
+    await pooled.create_session("counted")
+    assert pooled.controls.pool().taken == 1
 
 
 async def test_the_pool_refills_after_a_take(pooled: Service) -> None:

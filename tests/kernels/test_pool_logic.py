@@ -188,6 +188,30 @@ async def test_failed_starts_back_off_and_recover(factory: Factory) -> None:
         await pool.close()
 
 
+async def test_a_refill_waits_for_the_pause_after_a_hand_out(factory: Factory) -> None:
+    pool = factory.pool(size=2, refill_pause_s=30.0)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        assert await pool.take() is not None
+        await asyncio.sleep(0.1)  # a refill would have started within milliseconds
+        assert (factory.started, pool.filling, len(pool.ready)) == (2, False, 1)
+    finally:
+        await pool.close()
+
+
+async def test_the_pool_refills_once_the_pause_is_over(factory: Factory) -> None:
+    pool = factory.pool(size=2, refill_pause_s=0.2)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        assert await pool.take() is not None
+        await until(lambda: len(pool.ready) == 2)
+        assert factory.started == 3
+    finally:
+        await pool.close()
+
+
 async def test_a_kernel_given_back_is_the_next_handed_out(factory: Factory) -> None:
     pool = factory.pool(size=2)
     pool.start()

@@ -59,9 +59,10 @@ def test_mcp_needs_a_token(server: RunningServer) -> None:
     assert response.status_code == 401
 
 
-def test_agent_token_cannot_use_admin_routes(server: RunningServer) -> None:
+@pytest.mark.parametrize("path", ["/v1/admin/audit", "/v1/admin/pool"])
+def test_agent_token_cannot_use_admin_routes(server: RunningServer, path: str) -> None:
     with server.client("agent") as http:
-        response = http.get("/v1/admin/audit")
+        response = http.get(path)
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "admin_only"
 

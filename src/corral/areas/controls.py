@@ -1,5 +1,6 @@
 """The operator's switches on one session: its limits and its SSH agent bridge
-(`corral.controls` applies them to the session and its running sandboxes)."""
+(`corral.controls` applies them to the session and its running sandboxes); and what the
+warm pool holds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from corral.areas.trail import AuditTrail
 from corral.controls import BridgeReport, LimitsReport, change_limits, limits_report, switch_bridge
+from corral.kernels.pool import PoolStatus
 from corral.kernels.sessions import SessionManager
 
 
@@ -18,6 +20,9 @@ class ControlService:
         self.sessions = sessions
         self.mechanism = mechanism
         self.trail = trail
+
+    def pool(self) -> PoolStatus:
+        return self.sessions.pool.status()
 
     def limits(self, session_id: str) -> LimitsReport:
         """A session's limits, the mechanism enforcing them, and its usage."""

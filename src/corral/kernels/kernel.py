@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 SOCKET_POLL_S = 0.005
 INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
+# A python kernel's first result: a value shown (IPython sets up its display hook and
+# formatters on first use) with no history kept, then that value forgotten, as if never shown.
+PRIMING_CELLS = (
+    ("1+1", {"store_history": False}),
+    ("get_ipython().displayhook.flush(); del _0", {"silent": True}),
+)
 
 
 class SandboxedKernel:
@@ -121,6 +127,22 @@ class SandboxedKernel:
             return False
         return await provisioner.poll() is None
 
+    async def prime(self, timeout_s: float) -> None:
+        """Do the work of a python kernel's first result now, for a kernel that waits for a
+        session (the warm pool): its first `1+1` otherwise takes about twice as long as the
+        next. The namespace, `Out`, `_` and the execution count are left as they were.
+        Raises `KernelStartFailed` when a cell does not end well within `timeout_s`."""
+        client = self.client
+        if client is None:
+            raise KernelStartFailed(f"the {self.language} kernel has no connection to prime")
+        deadline = time.monotonic() + timeout_s
+        for code, options in PRIMING_CELLS:
+            msg_id = client.execute(code, allow_stdin=False, **options)
+            reply = await reply_to(client.get_shell_msg, msg_id, deadline - time.monotonic())
+            if reply is None or reply["content"].get("status") != "ok":
+                raise KernelStartFailed(f"the kernel did not run its priming cell {code!r}")
+        await _idle_after(client, msg_id, deadline)
+
     async def interrupt(self, timeout_s: float = INTERRUPT_REPLY_S) -> bool:
         """Interrupt the running code, and wait up to `timeout_s` for the kernel to say so.
 
@@ -191,6 +213,24 @@ async def reply_to(
         if reply is not None and reply.get("parent_header", {}).get("msg_id") == msg_id:
             return reply
     return None
+
+
+async def _idle_after(client: AsyncKernelClient, msg_id: str, deadline: float) -> None:
+    """Read iopub until the kernel is idle after `msg_id`: what earlier cells sent is
+    read with it, so none of it waits in the channel for the next caller."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            msg = await readable_message(client.get_iopub_msg, remaining)
+        except queue.Empty:
+            break
+        if (
+            msg is not None
+            and msg.get("parent_header", {}).get("msg_id") == msg_id
+            and msg["msg_type"] == "status"
+            and msg["content"].get("execution_state") == "idle"
+        ):
+            return
+    raise KernelStartFailed("the kernel did not go idle after its priming cells")
 
 
 async def readable_message(

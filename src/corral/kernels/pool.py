@@ -7,6 +7,11 @@ nor more memory (the kernels' proportional set size, measured when each is ready
 budget, leaves room for the sessions the server may still run, and empties itself when no
 session has been started from it for its idle time.
 
+A refill waits `refill_pause_s` after a kernel is handed out: starting a kernel takes most
+of a core for about half a second, and the session that just took one is about to run its
+first code, which would otherwise wait for that core (on two cores its first `1+1` took
+three times as long). The pause is bounded: only a kernel handed out extends it.
+
 The pool knows nothing of sandboxes: the session manager gives it `spawn` (start one warm
 kernel) and `discard` (stop one), and takes kernels with `take`.
 """
@@ -40,6 +45,22 @@ class PoolConfig:
     size: int  # kernels held ready; 0 turns the pool off
     budget_bytes: int  # memory the ready kernels may hold together
     idle_s: float  # empty the pool when no session was started from it for this long
+    refill_pause_s: float = 0.0  # no refill starts this soon after a kernel is handed out
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What the pool holds and has done since the server started (`WarmPool.status`)."""
+
+    size: int  # the configured size; 0: the pool is off
+    target: int  # kernels it should hold now (less with little room, 0 after its idle time)
+    ready: int
+    starting: bool  # a kernel is being started for it now
+    memory_bytes: int  # the ready kernels' PSS, measured when each became ready
+    budget_bytes: int
+    taken: int  # sessions that started from it
+    missed: int  # sessions that asked and started cold
+    failures: int  # kernels it could not start
 
 
 W = TypeVar("W", bound=WarmKernel)
@@ -67,6 +88,7 @@ class WarmPool(Generic[W]):
         self.missed = 0
         self.failures = 0
         self.last_active = time.monotonic()
+        self._quiet_until = 0.0  # the refill pause after a hand-out ends then (monotonic)
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -84,6 +106,19 @@ class WarmPool(Generic[W]):
         while self.ready:
             await self._discard(self.ready.popleft())
 
+    def status(self) -> PoolStatus:
+        return PoolStatus(
+            size=self.config.size,
+            target=self.target(),
+            ready=len(self.ready),
+            starting=self.filling,
+            memory_bytes=self.held_bytes(),
+            budget_bytes=self.config.budget_bytes,
+            taken=self.taken,
+            missed=self.missed,
+            failures=self.failures,
+        )
+
     # -- taking ----------------------------------------------------------------------------
 
     async def take(self) -> W | None:
@@ -98,6 +133,7 @@ class WarmPool(Generic[W]):
                 kernel = self.ready.popleft()
                 if await kernel.alive():
                     self.taken += 1
+                    self._quiet_until = time.monotonic() + self.config.refill_pause_s
                     self.wake()
                     return kernel
                 await self._discard(kernel)
@@ -158,6 +194,9 @@ class WarmPool(Generic[W]):
                 await asyncio.sleep(backoff)
                 continue
             if len(self.ready) < self.target() and self._fits_another():
+                if (pause := self._quiet_until - time.monotonic()) > 0:
+                    await asyncio.sleep(pause)  # the session just handed a kernel runs first
+                    continue
                 if await self._fill_one():
                     backoff = 1.0
                 else:

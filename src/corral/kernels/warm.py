@@ -51,7 +51,12 @@ class WarmHandOver:
         self.factory = factory
         self.settings = settings
         self.pool: WarmPool[WarmSession] = WarmPool(
-            PoolConfig(settings.pool_size, settings.pool_memory_bytes, settings.pool_idle_s),
+            PoolConfig(
+                settings.pool_size,
+                settings.pool_memory_bytes,
+                settings.pool_idle_s,
+                settings.pool_refill_pause_s,
+            ),
             self._spawn,
             self._discard,
             room,
@@ -115,6 +120,7 @@ class WarmHandOver:
         try:
             paths.workspace.mkdir(mode=0o700, parents=True)
             await self.factory.launch(warm.session, "python")
+            await warm.session.kernels["python"].prime(self.settings.kernel_start_timeout_s)
             sandbox = warm.session.run.sandbox if warm.session.run is not None else None
             pid = sandbox.pid if sandbox is not None else None
             warm.memory_bytes = await asyncio.to_thread(tree_pss, pid) if pid else 0

@@ -23,6 +23,7 @@ from corral.errors import InvalidInput
 from corral.execution import Event as OutputEvent
 from corral.execution import Execution
 from corral.files import FileEntry, Listing
+from corral.kernels.pool import PoolStatus
 from corral.kernels.session import SessionInfo
 from corral.server import queries as q
 from corral.server import schemas as s
@@ -419,6 +420,16 @@ async def admin_audit(request: Request, query: q.AuditQuery) -> AuditPage:
     return await service_of(request).audit.page(
         kind=query.kind, session=query.session, before_id=query.before_id, limit=query.limit
     )
+
+
+@api(
+    "GET",
+    "/v1/admin/pool",
+    "The warm pool: kernels ready for new sessions, its target and memory (admin)",
+    ok=(200, s.PoolModel),
+)
+async def admin_pool(request: Request) -> PoolStatus:
+    return service_of(request).controls.pool()
 
 
 @api(

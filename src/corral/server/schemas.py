@@ -636,6 +636,24 @@ class SessionLimitsModel(BaseModel):
         return shown
 
 
+class PoolModel(BaseModel):
+    size: int = Field(ge=0, description="The configured size; 0: the pool is off.")
+    target: int = Field(
+        ge=0,
+        description="Kernels it should hold now: fewer when the server has little room for "
+        "more sessions, none once no session was started from it for its idle time.",
+    )
+    ready: int = Field(ge=0)
+    starting: bool = Field(description="A kernel is being started for it now.")
+    memory_bytes: int = Field(
+        ge=0, description="The ready kernels' PSS, measured as each became ready."
+    )
+    budget_bytes: int = Field(ge=0)
+    taken: int = Field(ge=0, description="Sessions started from it since the server started.")
+    missed: int = Field(ge=0, description="Sessions that found it empty and started cold.")
+    failures: int = Field(ge=0, description="Kernels it could not start.")
+
+
 class BridgeRequest(Strict):
     ssh_agent: StrictBool
 
