@@ -80,6 +80,7 @@ class Settings:
     max_upload_bytes: int = 100 * MIB
     allowed_hosts: str = ""  # extra Host names accepted besides the bound address, comma-separated
     pool_size: int = 2  # default-profile python kernels kept ready for new sessions; 0: none
+    pool_max_size: int = 12  # what a burst of session starts may grow the pool to
     pool_memory_bytes: int = 512 * MIB  # what the ready kernels may hold together (their PSS)
     pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
     # No refill starts this soon after a session took a kernel: its first code goes first.

@@ -212,6 +212,45 @@ async def test_the_pool_refills_once_the_pause_is_over(factory: Factory) -> None
         await pool.close()
 
 
+async def test_a_call_ending_ends_the_pause(factory: Factory) -> None:
+    pool = factory.pool(size=1, refill_pause_s=30.0)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        assert await pool.take() is not None
+        pool.resume()
+        await pool.wait_full(5)
+        assert factory.started == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_burst_of_starts_grows_it_within_its_budget(factory: Factory) -> None:
+    pool = factory.pool(size=1, max_size=8, budget_bytes=200 * MIB)
+    pool.start()
+    try:
+        for _ in range(6):
+            await pool.wait_full(5)
+            assert await pool.take() is not None
+        assert pool.target() == 6
+        await pool.wait_full(5)
+        assert len(pool.ready) == 5, "five of 40 MiB fit 200 MiB; a sixth would not"
+    finally:
+        await pool.close()
+
+
+async def test_it_grows_no_further_than_its_max_size(factory: Factory) -> None:
+    pool = factory.pool(size=1, max_size=3)
+    pool.start()
+    try:
+        for _ in range(5):
+            await pool.wait_full(5)
+            assert await pool.take() is not None
+        assert pool.target() == 3
+    finally:
+        await pool.close()
+
+
 async def test_a_kernel_given_back_is_the_next_handed_out(factory: Factory) -> None:
     pool = factory.pool(size=2)
     pool.start()

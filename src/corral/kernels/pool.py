@@ -2,15 +2,16 @@
 
 A new session whose profile is the default one (no mounts, no bridge, no limit changes)
 takes a ready kernel instead of waiting about a second for a cold start; the pool then
-refills in the background, one kernel at a time. It never holds more kernels than its size
-nor more memory (the kernels' proportional set size, measured when each is ready) than its
-budget, leaves room for the sessions the server may still run, and empties itself when no
+refills in the background, one kernel at a time. It holds its size, or more while sessions
+start faster (as many as were handed out in the last `RATE_WINDOW_S`, up to `max_size`), but
+never more memory (the kernels' proportional set size, measured when each is ready) than its
+budget; it leaves room for the sessions the server may still run, and empties itself when no
 session has been started from it for its idle time.
 
-A refill waits `refill_pause_s` after a kernel is handed out: starting a kernel takes most
-of a core for about half a second, and the session that just took one is about to run its
-first code, which would otherwise wait for that core (on two cores its first `1+1` took
-three times as long). The pause is bounded: only a kernel handed out extends it.
+A refill waits after a kernel is handed out, until a call ends (`resume`) or
+`refill_pause_s` passed: starting a kernel takes most of a core for about half a second, and
+the session that just took one is about to run its first code, which would otherwise wait
+for that core (on two cores its first `1+1` took three times as long).
 
 The pool knows nothing of sandboxes: the session manager gives it `spawn` (start one warm
 kernel) and `discard` (stop one), and takes kernels with `take`.
@@ -29,6 +30,7 @@ from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 30.0
+RATE_WINDOW_S = 30.0  # hand-outs this recent size the pool past its configured size
 
 
 class WarmKernel(Protocol):
@@ -45,7 +47,8 @@ class PoolConfig:
     size: int  # kernels held ready; 0 turns the pool off
     budget_bytes: int  # memory the ready kernels may hold together
     idle_s: float  # empty the pool when no session was started from it for this long
-    refill_pause_s: float = 0.0  # no refill starts this soon after a kernel is handed out
+    refill_pause_s: float = 0.0  # no refill starts this soon after a hand-out (or a call ends)
+    max_size: int = 0  # what recent hand-outs may grow it to; below `size`: no growth
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class WarmPool(Generic[W]):
         self.failures = 0
         self.last_active = time.monotonic()
         self._quiet_until = 0.0  # the refill pause after a hand-out ends then (monotonic)
+        self._handed: deque[float] = deque()  # when kernels were handed out, recent ones
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -134,6 +138,7 @@ class WarmPool(Generic[W]):
                 if await kernel.alive():
                     self.taken += 1
                     self._quiet_until = time.monotonic() + self.config.refill_pause_s
+                    self._handed.append(time.monotonic())
                     self.wake()
                     return kernel
                 await self._discard(kernel)
@@ -163,11 +168,27 @@ class WarmPool(Generic[W]):
         """Look again at what the pool should hold (after a session stopped, for one)."""
         self._wake.set()
 
+    def resume(self) -> None:
+        """A call ended: a refill held back for the call of a session just handed a kernel
+        may start."""
+        if self._quiet_until:
+            self._quiet_until = 0.0
+            self.wake()
+
     def target(self) -> int:
         """How many kernels the pool should hold now."""
         if time.monotonic() - self.last_active > self.config.idle_s:
             return 0
-        return max(0, min(self.config.size, self._room()))
+        return max(0, min(self._wanted(), self._room()))
+
+    def _wanted(self) -> int:
+        """Its size, or the hand-outs of the last `RATE_WINDOW_S` (up to `max_size`):
+        enough ready kernels for a burst like the last one."""
+        if self.config.size <= 0:
+            return 0
+        while self._handed and time.monotonic() - self._handed[0] > RATE_WINDOW_S:
+            self._handed.popleft()
+        return max(self.config.size, min(len(self._handed), self.config.max_size))
 
     def held_bytes(self) -> int:
         return sum(kernel.memory_bytes for kernel in self.ready)
@@ -195,7 +216,7 @@ class WarmPool(Generic[W]):
                 continue
             if len(self.ready) < self.target() and self._fits_another():
                 if (pause := self._quiet_until - time.monotonic()) > 0:
-                    await asyncio.sleep(pause)  # the session just handed a kernel runs first
+                    await self._wait_for_wake(pause)  # the session just handed one runs first
                     continue
                 if await self._fill_one():
                     backoff = 1.0
@@ -203,10 +224,13 @@ class WarmPool(Generic[W]):
                     await asyncio.sleep(backoff)
                     backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._tick_s()):
-                    await self._wake.wait()
+            await self._wait_for_wake(self._tick_s())
+
+    async def _wait_for_wake(self, timeout_s: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._wake.wait()
 
     async def _fill_one(self) -> bool:
         self.filling = True

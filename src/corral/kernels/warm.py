@@ -56,6 +56,7 @@ class WarmHandOver:
                 settings.pool_memory_bytes,
                 settings.pool_idle_s,
                 settings.pool_refill_pause_s,
+                settings.pool_max_size,
             ),
             self._spawn,
             self._discard,
