@@ -251,6 +251,48 @@ async def test_it_grows_no_further_than_its_max_size(factory: Factory) -> None:
         await pool.close()
 
 
+async def test_it_starts_up_to_parallel_kernels_at_once(factory: Factory) -> None:
+    factory.gate = asyncio.Event()
+    pool = factory.pool(size=3, parallel=2)
+    pool.start()
+    try:
+        await until(lambda: pool.status().starting == 2)
+        factory.gate.set()
+        await pool.wait_full(5)
+        assert (factory.started, len(pool.ready)) == (3, 3)
+    finally:
+        await pool.close()
+
+
+async def test_callers_wait_one_each_for_kernels_being_started(factory: Factory) -> None:
+    factory.gate = asyncio.Event()
+    pool = factory.pool(size=2, parallel=2)
+    pool.start()
+    try:
+        await until(lambda: pool.status().starting == 2)
+        first, second = (asyncio.create_task(pool.take()) for _ in range(2))
+        await until(lambda: pool.waiting == 2)
+        assert await pool.take() is None, "a third caller starts cold"
+        factory.gate.set()
+        assert None not in await asyncio.gather(first, second)
+    finally:
+        await pool.close()
+
+
+async def test_a_failed_start_ends_the_wait_of_its_caller(factory: Factory) -> None:
+    factory.gate, factory.failing = asyncio.Event(), True
+    pool = factory.pool(size=1)
+    pool.start()
+    try:
+        await until(lambda: pool.filling)
+        taker = asyncio.create_task(pool.take())
+        await until(lambda: pool.waiting == 1)
+        factory.gate.set()
+        assert await asyncio.wait_for(taker, 5) is None
+    finally:
+        await pool.close()
+
+
 async def test_a_kernel_given_back_is_the_next_handed_out(factory: Factory) -> None:
     pool = factory.pool(size=2)
     pool.start()

@@ -57,6 +57,7 @@ class WarmHandOver:
                 settings.pool_idle_s,
                 settings.pool_refill_pause_s,
                 settings.pool_max_size,
+                parallel=len(os.sched_getaffinity(0)),
             ),
             self._spawn,
             self._discard,

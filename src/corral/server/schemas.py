@@ -644,7 +644,7 @@ class PoolModel(BaseModel):
         "more sessions, none once no session was started from it for its idle time.",
     )
     ready: int = Field(ge=0)
-    starting: bool = Field(description="A kernel is being started for it now.")
+    starting: int = Field(ge=0, description="Kernels being started for it now.")
     memory_bytes: int = Field(
         ge=0, description="The ready kernels' PSS, measured as each became ready."
     )
