@@ -4,11 +4,11 @@ A new session whose profile is the default one (no mounts, no bridge, no limit c
 takes a ready kernel instead of waiting about a second for a cold start; the pool then
 refills in the background, up to `parallel` kernels at once (the server gives one per core
 it may use: on two cores two starts at once made 2.7-3.1 kernels a second, one made 1.5).
-It holds its size, or more while sessions
-start faster (as many as were handed out in the last `RATE_WINDOW_S`, up to `max_size`), but
-never more memory (the kernels' proportional set size, measured when each is ready) than its
-budget; it leaves room for the sessions the server may still run, and empties itself when no
-session has been started from it for its idle time.
+It holds its size, or more while sessions start faster (as many as were handed out in the
+last `RATE_WINDOW_S`, up to `max_size`), but never more memory (the kernels' proportional
+set size, measured when each is ready) than its budget; it leaves room for the sessions the
+server may still run, and empties itself when no session has been started from it for its
+idle time.
 
 A refill waits after a kernel is handed out, until a call ends (`resume`) or
 `refill_pause_s` passed: starting a kernel takes most of a core for about half a second, and
