@@ -22,7 +22,8 @@ SHUTDOWN_NOTE = "interrupted because the server is shutting down"
 
 
 class CallRunner:
-    """`sessions` gives the sessions (to find a call's kernel); `touch` marks one used."""
+    """`sessions` gives the sessions (to find a call's kernel); `touch` marks one used;
+    `ended` is told each call's end."""
 
     def __init__(
         self,
@@ -30,11 +31,13 @@ class CallRunner:
         settings: Settings,
         sessions: Callable[[], Iterable[Session]],
         touch: Callable[[Session], None],
+        ended: Callable[[], None] = lambda: None,
     ) -> None:
         self.kernels = kernels
         self.settings = settings
         self.sessions = sessions
         self.touch = touch
+        self.ended = ended  # after each call: the warm pool may start its refill
         self.closing = False  # set by begin_shutdown: no new call starts
         self._interrupts: set[asyncio.Task[bool]] = set()
 
@@ -108,6 +111,7 @@ class CallRunner:
         if self.closing and outcome.result.status == "interrupted":
             _add_notes(outcome.result, [SHUTDOWN_NOTE], first=True)
         self.touch(session)
+        self.ended()
         return outcome.result
 
     def limits_for(self, timeout_s: float | None, session: Session) -> ExecutionLimits:

@@ -96,6 +96,7 @@ class WarmPool(Generic[W]):
         self.missed = 0
         self.failures = 0
         self.last_active = time.monotonic()
+        self._tick_s = max(0.5, min(30.0, config.idle_s / 4))  # a look at least this often
         self._quiet_until = 0.0  # the refill pause after a hand-out ends then (monotonic)
         self._handed: deque[float] = deque()  # when kernels were handed out, recent ones
         self._wake = asyncio.Event()
@@ -158,7 +159,12 @@ class WarmPool(Generic[W]):
             if self.waiting >= len(self._starting):  # one waiter per kernel being started
                 self.missed += 1
                 return None
-            await self._wait_for_change()
+            self.waiting += 1
+            try:
+                self._changed.clear()
+                await self._changed.wait()
+            finally:
+                self.waiting -= 1
 
     def give_back(self, kernel: W) -> None:
         """A kernel taken but not used (the session changed meanwhile) goes back first."""
@@ -166,14 +172,6 @@ class WarmPool(Generic[W]):
         self.ready.appendleft(kernel)
         self._changed.set()
         self.wake()
-
-    async def _wait_for_change(self) -> None:
-        self.waiting += 1
-        try:
-            self._changed.clear()
-            await self._changed.wait()
-        finally:
-            self.waiting -= 1
 
     # -- filling ---------------------------------------------------------------------------
 
@@ -189,19 +187,16 @@ class WarmPool(Generic[W]):
             self.wake()
 
     def target(self) -> int:
-        """How many kernels the pool should hold now."""
-        if time.monotonic() - self.last_active > self.config.idle_s:
+        """How many kernels the pool should hold now: its size, or the hand-outs of the last
+        `RATE_WINDOW_S` (up to `max_size`: enough for a burst like the last one), within
+        the room for sessions; none when off or idle."""
+        now = time.monotonic()
+        if self.config.size <= 0 or now - self.last_active > self.config.idle_s:
             return 0
-        return max(0, min(self._wanted(), self._room()))
-
-    def _wanted(self) -> int:
-        """Its size, or the hand-outs of the last `RATE_WINDOW_S` (up to `max_size`):
-        enough ready kernels for a burst like the last one."""
-        if self.config.size <= 0:
-            return 0
-        while self._handed and time.monotonic() - self._handed[0] > RATE_WINDOW_S:
+        while self._handed and now - self._handed[0] > RATE_WINDOW_S:
             self._handed.popleft()
-        return max(self.config.size, min(len(self._handed), self.config.max_size))
+        wanted = max(self.config.size, min(len(self._handed), self.config.max_size))
+        return max(0, min(wanted, self._room()))
 
     def held_bytes(self) -> int:
         return sum(kernel.memory_bytes for kernel in self.ready)
@@ -234,9 +229,11 @@ class WarmPool(Generic[W]):
                     # A session just handed a kernel runs first; a failed start backs off.
                     await self._wait_for_wake(pause)
                     continue
-                self._start_one()
+                task = asyncio.create_task(self._fill_one(), name="corral-warm-pool-start")
+                self._starting.add(task)
+                task.add_done_callback(self._started)
                 continue
-            await self._wait_for_wake(self._tick_s())
+            await self._wait_for_wake(self._tick_s)
 
     def _another_wanted(self) -> bool:
         starting = len(self._starting)
@@ -245,11 +242,6 @@ class WarmPool(Generic[W]):
             and starting < self.config.parallel
             and self._fits_another(starting)
         )
-
-    def _start_one(self) -> None:
-        task = asyncio.create_task(self._fill_one(), name="corral-warm-pool-start")
-        self._starting.add(task)
-        task.add_done_callback(self._started)
 
     def _started(self, task: asyncio.Task[bool]) -> None:
         self._starting.discard(task)
@@ -291,6 +283,3 @@ class WarmPool(Generic[W]):
         ):
             await self._discard(self.ready.pop())
             self._changed.set()
-
-    def _tick_s(self) -> float:
-        return max(0.5, min(30.0, self.config.idle_s / 4))

@@ -73,7 +73,13 @@ class SessionManager:
         self.kernels = KernelStarter(
             self.factory, self.warm, settings.max_sessions, self._room, self.records.save
         )
-        self.calls = CallRunner(self.kernels, settings, self._sessions.values, self._call_ended)
+        self.calls = CallRunner(
+            self.kernels,
+            settings,
+            self._sessions.values,
+            self.records.touch,
+            ended=self.warm.pool.resume,  # a refill held back for a new session's first call
+        )
         self.reaper = IdleReaper(
             self._sessions.values,
             self.factory.stop_kernels,
@@ -210,10 +216,6 @@ class SessionManager:
             await self.factory.egress.forget(session.id)
         self._sessions.pop(session.id, None)
         await self.records.forget(session.id)
-
-    def _call_ended(self, session: Session) -> None:
-        self.records.touch(session)
-        self.warm.pool.resume()  # a refill held back for a new session's first call
 
     def _room(self) -> int:
         """How many more sessions may run (the warm pool fills no further)."""
