@@ -23,11 +23,18 @@ from mcp import Client
 
 from bench.baseline import BaselineRoots, baseline_kernel
 from bench.http1 import KeepAliveClient
-from bench.measure import CODE, Paired, Plan, alternate, log, rotate, to_ms
+from bench.measure import (
+    CODE,
+    Paired,
+    Plan,
+    alternate,
+    baseline_round_trip,
+    log,
+    rotate,
+    to_ms,
+)
 from bench.sandboxed import new_session_id
 from bench.served import (
-    HOST,
-    ServedCorral,
     create_served_session,
     delete_served_session,
     mcp_client,
@@ -55,19 +62,9 @@ async def pooled_server(workdir: Path) -> AsyncIterator[Clients]:
         served_corral(workdir, pool=True) as served,
         rest_client(served) as rest,
         mcp_client(served) as mcp,
-        _admin_client(served) as admin,
+        rest_client(served, admin=True) as admin,
     ):
         yield Clients(rest, mcp, admin)
-
-
-@asynccontextmanager
-async def _admin_client(served: ServedCorral) -> AsyncIterator[KeepAliveClient]:
-    client = KeepAliveClient(HOST, served.port, served.admin_auth)
-    await client.open()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def rest_first_result(clients: Clients) -> float:
@@ -100,12 +97,7 @@ async def baseline_first_result(roots: BaselineRoots) -> float:
     """Seconds of the first `1+1` of a plain kernel started (not timed) just before."""
     async with baseline_kernel(roots) as kernel:
         await kernel.start()
-        started = time.perf_counter()
-        reply = await kernel.execute(CODE)
-        elapsed = time.perf_counter() - started
-    if reply.get("status") != "ok":
-        raise RuntimeError(f"the baseline's first {CODE!r} ended {reply.get('status')}")
-    return elapsed
+        return await baseline_round_trip(kernel)
 
 
 async def rest_cycle(clients: Clients) -> float:

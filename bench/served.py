@@ -139,9 +139,11 @@ async def _healthy(base_url: str, process: subprocess.Popen[bytes], log: Path) -
 
 
 @asynccontextmanager
-async def rest_client(served: ServedCorral) -> AsyncIterator[KeepAliveClient]:
-    """One keep-alive REST connection with the agent token."""
-    client = KeepAliveClient(HOST, served.port, served.auth)
+async def rest_client(
+    served: ServedCorral, *, admin: bool = False
+) -> AsyncIterator[KeepAliveClient]:
+    """One keep-alive REST connection with the agent token (the admin's when `admin`)."""
+    client = KeepAliveClient(HOST, served.port, served.admin_auth if admin else served.auth)
     await client.open()
     try:
         yield client
