@@ -8,20 +8,35 @@ every session and every call would pay for:
 - the history database: a thread writing SQLite after every cell. `In`, `Out` and `%history`
   of the running kernel still work from memory.
 - empty flushes: ipykernel flushes stdout and stderr several times per execution, and each
-  flush waits for a round trip through its IOPub thread even when nothing was written (a
-  quarter of the kernel's time for `1+1`). A flush with nothing buffered now returns at once;
-  order is kept, since every message still leaves through that one thread in order.
+  flush waits for a round trip through its IOPub thread even when nothing was written. A
+  flush with nothing buffered now returns at once.
+- the IOPub thread's hop for the main thread's own messages: a status, a result or an error
+  made by the cell's thread waited for the GIL until the cell's thread went idle, so all of
+  them reached the client after the cell had ended (about 1 ms of a `1+1`). They now leave
+  at once from the thread that made them when nothing is queued before them (see
+  `_DirectIOPub`); output of other threads and forked children still goes through the IOPub
+  thread, and ipykernel flushes printed text before every result, display and status.
+- a half-millisecond sleep after every execution, and debug log records built for a handler
+  that drops them.
+
+`tests/kernels/test_output_order.py` holds the order of what a cell sends.
 """
 
+import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
+from typing import Any
 
 if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # this script's folder: the agent's imports must not see it
 
-from ipykernel import iostream
+import zmq
+from ipykernel import iostream, kernelapp
 from ipykernel.kernelapp import IPKernelApp
 from traitlets.config import Config
+from zmq.eventloop.zmqstream import ZMQStream
 
 _flush = iostream.OutStream.flush
 
@@ -37,8 +52,103 @@ def _flush_if_written(stream: iostream.OutStream) -> None:
     _flush(stream)  # type: ignore[no-untyped-call]
 
 
+class _LockedStream(ZMQStream):
+    """A stream whose every turn on its socket holds `lock` (the socket is shared)."""
+
+    def __init__(self, socket: Any, io_loop: Any, lock: threading.RLock) -> None:
+        self._socket_lock = lock
+        super().__init__(socket, io_loop)
+
+    def _handle_events(self, fd: Any, events: int) -> None:
+        with self._socket_lock:
+            super()._handle_events(fd, events)  # type: ignore[no-untyped-call]
+
+
+class _DirectIOPub(iostream.IOPubThread):
+    """ipykernel's IOPub thread, except that the main thread sends its own messages at once
+    when nothing is waiting to go out before them.
+
+    Every use of the socket holds `_socket_lock`: the direct sends, the thread's sends, its
+    subscription listener and a stream's flush (which empties a buffer, then queues its
+    message). `_queued` counts what was handed to the thread and has not run yet; a main
+    thread message goes through the thread too while it is not zero, so nothing overtakes
+    output already on its way. A forked child never takes the lock (a fork may have copied
+    it held): it sends through its pipe to the parent as before.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._socket_lock = threading.RLock()
+        self._queued = 0
+        self._main = threading.main_thread()
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def _master(self) -> bool:
+        """False in a forked child."""
+        return bool(self._is_master_process())  # type: ignore[no-untyped-call]
+
+    def _setup_xpub_listener(self) -> None:
+        """Listen for subscriptions as ipykernel does, through a stream that takes the lock."""
+        if hasattr(self.socket, "getsockopt") and self.socket.getsockopt(zmq.TYPE) == zmq.XPUB:
+            self._xpub_stream = _LockedStream(self.socket, self.io_loop, self._socket_lock)
+            self._xpub_stream.on_recv(self._handle_subscription)
+
+    def schedule(self, f: Callable[[], None]) -> None:
+        if not self._master() or not self.thread.is_alive():
+            super().schedule(f)  # type: ignore[no-untyped-call]
+            return
+
+        def run_then_count() -> None:
+            try:
+                f()
+            finally:
+                with self._socket_lock:
+                    self._queued -= 1
+
+        with self._socket_lock:
+            self._queued += 1
+        super().schedule(run_then_count)  # type: ignore[no-untyped-call]
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> None:
+        if threading.current_thread() is self._main and self._master():
+            with self._socket_lock:
+                if self._queued == 0:
+                    self._really_send(*args, **kwargs)
+                    return
+        super().send_multipart(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def _really_send(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if not self._master():
+            super()._really_send(msg, *args, **kwargs)  # type: ignore[no-untyped-call]
+            return
+        with self._socket_lock:
+            super()._really_send(msg, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def holding_socket(self, work: Callable[[], None]) -> None:
+        """Run `work` under the socket's lock (in a forked child, without it)."""
+        if not self._master():
+            work()
+            return
+        with self._socket_lock:
+            work()
+
+
+_stream_flush = iostream.OutStream._flush
+
+
+def _flush_holding_socket(stream: iostream.OutStream) -> None:
+    """`OutStream._flush` with the socket's lock held from emptying the buffer to queueing
+    its message, so that no main thread message slips between the two."""
+    pub = stream.pub_thread
+    if isinstance(pub, _DirectIOPub):
+        pub.holding_socket(lambda: _stream_flush(stream))  # type: ignore[no-untyped-call]
+    else:
+        _stream_flush(stream)  # type: ignore[no-untyped-call]
+
+
 def main() -> None:
     iostream.OutStream.flush = _flush_if_written  # type: ignore[method-assign]
+    iostream.OutStream._flush = _flush_holding_socket  # type: ignore[method-assign]
+    kernelapp.IOPubThread = _DirectIOPub  # type: ignore[attr-defined]
     config = Config()
     config.HistoryManager.enabled = False
     sys.modules["debugpy"] = None  # type: ignore[assignment]  # the debugger stays off
@@ -47,6 +157,8 @@ def main() -> None:
         app.initialize(sys.argv[1:])  # type: ignore[no-untyped-call]
     finally:
         del sys.modules["debugpy"]
+    app.kernel._execute_sleep = 0
+    app.log.setLevel(logging.WARNING)  # its handler drops the rest anyway
     app.start()  # type: ignore[no-untyped-call]
 
 
