@@ -8,7 +8,9 @@ The real-process version of it is in tests/endurance/test_never_stall.py.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,33 @@ def test_the_journal_holds_the_code_as_sent(state: Path) -> None:
     assert json.loads(raw)["args"]["code"] == code
     writer.close()
     log.close()
+
+
+def test_an_append_never_waits_for_a_sync_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's event loop appends while the writer's thread syncs: a slow disk's
+    fdatasync must hold up neither. (The disk is made slow by a stand-in for fdatasync that
+    waits for the test: a real one cannot be held still here.)"""
+    journal = Journal(tmp_path / "audit.journal")
+    syncing, release = threading.Event(), threading.Event()
+
+    def held_fdatasync(fd: int) -> None:
+        syncing.set()
+        release.wait(30)
+
+    monkeypatch.setattr(os, "fdatasync", held_fdatasync)
+    syncer = threading.Thread(target=journal.sync)
+    syncer.start()
+    try:
+        assert syncing.wait(30)
+        appender = threading.Thread(target=journal.append, args=({"call": "x"},))
+        appender.start()
+        appender.join(10)
+        assert not appender.is_alive(), "the append waited for the sync"
+    finally:
+        release.set()
+        syncer.join(30)
+    assert journal.records() == [{"call": "x"}]
+    monkeypatch.undo()
+    journal.close()

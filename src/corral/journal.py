@@ -50,9 +50,21 @@ class Journal:
                 ) from exc
 
     def sync(self) -> None:
-        """Make what was appended so far survive a crash of the machine."""
-        with self._lock, contextlib.suppress(OSError):
-            os.fdatasync(self._fd)
+        """Make what was appended so far survive a crash of the machine.
+
+        The sync runs on a copy of the descriptor, outside the lock: an append (on the
+        server's event loop) never waits for the disk, and a `replace` meanwhile only
+        leaves the old file synced."""
+        with self._lock:
+            try:
+                fd = os.dup(self._fd)
+            except OSError:
+                return
+        try:
+            with contextlib.suppress(OSError):
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     @property
     def size(self) -> int:
