@@ -29,6 +29,7 @@ from corral.kernels.sandbox import SessionSandbox
 log = logging.getLogger(__name__)
 
 SOCKET_POLL_S = 0.005
+READY_TRY_S = 1.0  # how long one kernel_info request is waited for at start
 INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
 # A python kernel's first result: a value shown (IPython sets up its display hook and
 # formatters on first use) with no history kept, then that value forgotten, as if never shown.
@@ -64,7 +65,7 @@ class SandboxedKernel:
             client = self.manager.client()
             client.start_channels()
             self.client = client
-            await client.wait_for_ready(timeout=max(1.0, self._remaining(timeout_s)))
+            await self._wait_until_answering(client, timeout_s)
         except KernelStartFailed:
             await self.stop()
             raise
@@ -106,6 +107,33 @@ class SandboxedKernel:
                 )
             await asyncio.sleep(SOCKET_POLL_S)
 
+    async def _wait_until_answering(self, client: AsyncKernelClient, timeout_s: float) -> None:
+        """Wait until the kernel answers a kernel_info request on shell and its idle status
+        after it reaches us on iopub (so iopub is subscribed too).
+
+        jupyter_client's `wait_for_ready` then reads iopub until it has been silent for
+        0.2 s: a third of every cold start. A status the kernel published before our
+        subscription reached it is lost, so each try asks again.
+        """
+        while True:
+            remaining = self._remaining(timeout_s)
+            if remaining <= 0:
+                raise KernelStartFailed(
+                    f"the {self.language} kernel did not answer within {timeout_s} s: "
+                    f"{self.stderr_tail()}"
+                )
+            msg_id = client.kernel_info()
+            reply = await reply_to(client.get_shell_msg, msg_id, min(remaining, READY_TRY_S))
+            if reply is not None and await _idle_after_request(
+                client, msg_id, min(self._remaining(timeout_s), READY_TRY_S)
+            ):
+                client._handle_kernel_info_reply(reply)
+                return
+            if not await self.is_alive():
+                raise KernelStartFailed(
+                    f"the {self.language} kernel exited during start: {self.stderr_tail()}"
+                )
+
     def _adopt_sockets(self, names: list[str]) -> None:
         host_dir = self.manager.host_dir
         for name in names:
@@ -141,7 +169,8 @@ class SandboxedKernel:
             reply = await reply_to(client.get_shell_msg, msg_id, deadline - time.monotonic())
             if reply is None or reply["content"].get("status") != "ok":
                 raise KernelStartFailed(f"the kernel did not run its priming cell {code!r}")
-        await _idle_after(client, msg_id, deadline)
+        if not await _idle_after_request(client, msg_id, deadline - time.monotonic()):
+            raise KernelStartFailed("the kernel did not go idle after its priming cells")
 
     async def interrupt(self, timeout_s: float = INTERRUPT_REPLY_S) -> bool:
         """Interrupt the running code, and wait up to `timeout_s` for the kernel to say so.
@@ -215,22 +244,27 @@ async def reply_to(
     return None
 
 
-async def _idle_after(client: AsyncKernelClient, msg_id: str, deadline: float) -> None:
-    """Read iopub until the kernel is idle after `msg_id`: what earlier cells sent is
-    read with it, so none of it waits in the channel for the next caller."""
+async def _idle_after_request(client: AsyncKernelClient, msg_id: str, timeout_s: float) -> bool:
+    """Read iopub until the kernel is idle after `msg_id` (True), or for `timeout_s`: what
+    was sent before is read with it, so none of it waits in the channel for the next
+    caller."""
+    deadline = time.monotonic() + timeout_s
     while (remaining := deadline - time.monotonic()) > 0:
         try:
             msg = await readable_message(client.get_iopub_msg, remaining)
         except queue.Empty:
-            break
-        if (
-            msg is not None
-            and msg.get("parent_header", {}).get("msg_id") == msg_id
-            and msg["msg_type"] == "status"
-            and msg["content"].get("execution_state") == "idle"
-        ):
-            return
-    raise KernelStartFailed("the kernel did not go idle after its priming cells")
+            return False
+        if msg is not None and _is_idle_after(msg, msg_id):
+            return True
+    return False
+
+
+def _is_idle_after(msg: dict[str, Any], msg_id: str) -> bool:
+    return bool(
+        msg.get("parent_header", {}).get("msg_id") == msg_id
+        and msg["msg_type"] == "status"
+        and msg["content"].get("execution_state") == "idle"
+    )
 
 
 async def readable_message(
