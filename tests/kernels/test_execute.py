@@ -86,6 +86,22 @@ async def test_state_persists_between_calls(sandbox: Service) -> None:
     assert result.results == [{"text/plain": "42"}]
 
 
+async def test_code_imports_jupyter_client_whole_though_the_kernel_deferred_it(
+    sandbox: Service,
+) -> None:
+    """The kernel starts without running jupyter_client's package `__init__`
+    (`python_kernel.py`); code that uses the package gets all of it."""
+    code = (
+        "import jupyter_client\n"
+        "from jupyter_client import BlockingKernelClient, write_connection_file\n"
+        "(jupyter_client.__version__ > '', callable(write_connection_file),\n"
+        " BlockingKernelClient.__name__, callable(jupyter_client.find_connection_file))"
+    )
+    result = await sandbox.executions.run(code, session_id="probe")
+    assert result.status == "ok", result.text()
+    assert result.results == [{"text/plain": "(True, True, 'BlockingKernelClient', True)"}]
+
+
 async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
     await sandbox.executions.run(
         "open('/workspace/from_py.txt', 'w').write('hi')", session_id="probe"

@@ -22,6 +22,7 @@ every session and every call would pay for:
 `tests/kernels/test_output_order.py` holds the order of what a cell sends.
 """
 
+import importlib.util
 import logging
 import os
 import sys
@@ -32,11 +33,42 @@ from typing import Any
 if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # this script's folder: the agent's imports must not see it
 
-import zmq
-from ipykernel import iostream, kernelapp
-from ipykernel.kernelapp import IPKernelApp
-from traitlets.config import Config
-from zmq.eventloop.zmqstream import ZMQStream
+
+def _defer_jupyter_clients_package() -> None:
+    """Let the kernel import jupyter_client's modules without the package's `__init__`.
+
+    That `__init__` imports the client side of Jupyter (clients, managers, provisioners,
+    kernel specs: about 40 modules and a tenth of the kernel's start) for the one name
+    ipykernel takes from it at start, `write_connection_file`. The package is registered
+    unexecuted; that name comes from its module, and the first use of any other name (code
+    in the kernel importing jupyter_client, say) runs the `__init__` as usual.
+    """
+    spec = importlib.util.find_spec("jupyter_client")
+    if spec is None or spec.loader is None or "jupyter_client" in sys.modules:
+        return
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def first_use(name: str) -> Any:
+        if name == "write_connection_file":
+            from jupyter_client.connect import write_connection_file
+
+            return write_connection_file
+        del package.__getattr__  # the real names from now on
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__getattr__ = first_use  # type: ignore[method-assign]
+    sys.modules["jupyter_client"] = package
+
+
+_defer_jupyter_clients_package()  # before ipykernel is imported: the rest comes after
+
+import zmq  # noqa: E402
+from ipykernel import iostream, kernelapp  # noqa: E402
+from ipykernel.kernelapp import IPKernelApp  # noqa: E402
+from traitlets.config import Config  # noqa: E402
+from zmq.eventloop.zmqstream import ZMQStream  # noqa: E402
 
 _flush = iostream.OutStream.flush
 
