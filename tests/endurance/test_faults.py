@@ -72,6 +72,13 @@ def ticking(name: str, count: int, *, marker: str, then: str = "") -> str:
     )
 
 
+def output_arrived(server: Served, session_id: str) -> bool:
+    """The server holds output of the session's running execution (its kept events)."""
+    answer = call(server, "GET", "/v1/executions", params={"session_id": session_id})
+    assert answer.status == 200, answer
+    return any(e["state"] == "running" and e["events"] > 0 for e in answer.body["executions"])
+
+
 def ticks(name: str, count: int) -> str:
     return "".join(f"{name} {i}\n" for i in range(count))
 
@@ -114,7 +121,7 @@ def test_kernel_sigkilled_mid_execution_fails_that_call_only_and_the_next_call_r
     victim = pool.submit(
         call, server, "POST", "/v1/sessions/victim/execute", json={"code": victim_code}
     )
-    wait_until(lambda: read_file(server, "victim", "running"), "the victim's code to start")
+    wait_until(lambda: output_arrived(server, "victim"), "the victim's first line to arrive")
     wait_until(lambda: read_file(server, "bystander", "ticking"), "the bystander's code to start")
     [kernel] = named(server.descendants(), VICTIM_NAME)
     outer = named(kernel.parents(), "bwrap")[-1]  # the sandbox, from its outermost bwrap
