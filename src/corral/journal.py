@@ -32,6 +32,7 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._fd_lock = threading.Lock()  # held while the descriptor is synced or replaced
         self._fd = self._open()
 
     def append(self, record: Mapping[str, Any]) -> None:
@@ -52,19 +53,11 @@ class Journal:
     def sync(self) -> None:
         """Make what was appended so far survive a crash of the machine.
 
-        The sync runs on a copy of the descriptor, outside the lock: an append (on the
-        server's event loop) never waits for the disk, and a `replace` meanwhile only
-        leaves the old file synced."""
-        with self._lock:
-            try:
-                fd = os.dup(self._fd)
-            except OSError:
-                return
-        try:
-            with contextlib.suppress(OSError):
-                os.fdatasync(fd)
-        finally:
-            os.close(fd)
+        It holds `_fd_lock` only, which keeps the descriptor open (`replace` and `close`
+        take it too), not the lock appends take: an append (on the server's event loop)
+        never waits for the disk."""
+        with self._fd_lock, contextlib.suppress(OSError):
+            os.fdatasync(self._fd)
 
     @property
     def size(self) -> int:
@@ -99,7 +92,7 @@ class Journal:
         """Make the journal hold `records` only: written beside it, synced, renamed over it,
         so that a crash leaves either the old journal or the new one."""
         fresh = self.path.with_name(self.path.name + ".new")
-        with self._lock:
+        with self._fd_lock, self._lock:
             fresh.unlink(missing_ok=True)
             fd = os.open(fresh, _FLAGS | os.O_EXCL, 0o600)
             try:
@@ -117,7 +110,7 @@ class Journal:
             self._fd = fd
 
     def close(self) -> None:
-        with self._lock:
+        with self._fd_lock, self._lock:
             with contextlib.suppress(OSError):
                 os.fdatasync(self._fd)
             os.close(self._fd)
