@@ -38,8 +38,8 @@ def _defer_jupyter_clients_package() -> None:
     """Let the kernel import jupyter_client's modules without the package's `__init__`.
 
     That `__init__` imports the client side of Jupyter (clients, managers, provisioners,
-    kernel specs: about 40 modules and a tenth of the kernel's start) for the one name
-    ipykernel takes from it at start, `write_connection_file`. The package is registered
+    kernel specs: 42 modules, about 5% of the launcher's imports in an A/B here) for the
+    one name ipykernel takes from it at start, `write_connection_file`. The package is registered
     unexecuted; that name comes from its module, and the first use of any other name (code
     in the kernel importing jupyter_client, say) runs the `__init__` as usual.
     """
