@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -88,14 +89,15 @@ class KernelFactory:
         self.protected_extra = validate_protected_names(settings.protected_names)
         self.skill_binds = skill_binds(settings)
         self._runs: dict[str, SessionRun] = {}  # the open runs, by session id
+        self._env_lock = threading.Lock()  # one package prefix written at a time
 
     # -- a session's kernels --------------------------------------------------------------
 
     async def launch(self, session: Session, language: str) -> None:
         """Start a kernel cold: package prefix, the run and its sandbox, then the kernel."""
         session.from_pool = False
-        create_session_env(session.paths.env, self.host.runtime, font_list=self.host.fonts.seed())
-        if repaired := self._repair_env(session):
+        font_list = self.host.fonts.seed()
+        if repaired := await asyncio.to_thread(self._prepare_env, session, font_list):
             session.notes.append(repair_note(repaired))
         socket = None
         if self.egress is not None:  # listening again if the socket was removed meanwhile
@@ -148,14 +150,21 @@ class KernelFactory:
             raise
         return sandbox
 
-    def _repair_env(self, session: Session) -> list[str]:
-        """What the sandbox broke in the package prefix, put back (see `repair_session_env`)."""
-        try:
-            return repair_session_env(session.paths.env, self.host.runtime)
-        except (OSError, UnsafePath) as exc:
-            raise KernelStartFailed(
-                f"session {session.id}'s package prefix could not be repaired: {exc}"
-            ) from exc
+    def _prepare_env(self, session: Session, font_list: Path | None) -> list[str]:
+        """The session's package prefix, created when there is none, and what the sandbox
+        broke in it put back (see `repair_session_env`): the paths put back.
+
+        Runs in a worker thread (a new prefix is about 2 ms of file writes that the event
+        loop, answering other calls meanwhile, should not wait for), one at a time: two
+        starts of one session must not write one prefix together."""
+        with self._env_lock:
+            create_session_env(session.paths.env, self.host.runtime, font_list=font_list)
+            try:
+                return repair_session_env(session.paths.env, self.host.runtime)
+            except (OSError, UnsafePath) as exc:
+                raise KernelStartFailed(
+                    f"session {session.id}'s package prefix could not be repaired: {exc}"
+                ) from exc
 
     async def drop_kernel(self, session: Session, language: str) -> None:
         """Stop one kernel; the run closes with the last one (unless one is starting)."""
