@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from corral.kernels import pool as pool_module
 from corral.kernels.pool import PoolConfig, WarmPool
 
 MIB = 1024 * 1024
@@ -221,6 +222,24 @@ async def test_a_call_ending_ends_the_pause(factory: Factory) -> None:
         pool.resume()
         await pool.wait_full(5)
         assert factory.started == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_refill_after_a_call_waits_for_its_answer_to_leave(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop that sends a call's answer would otherwise start the refill (the
+    package prefix, the sandbox) first: a new session's first answer waited for it."""
+    monkeypatch.setattr(pool_module, "ANSWER_S", 30.0)
+    pool = factory.pool(size=1, refill_pause_s=60.0)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        assert await pool.take() is not None
+        pool.resume()
+        await asyncio.sleep(0.1)  # a refill would have started within milliseconds
+        assert (factory.started, pool.filling) == (1, False)
     finally:
         await pool.close()
 
