@@ -7,6 +7,7 @@ pid the spawner names and holds a pidfd to each kernel.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from corral.kernels.sandbox import SessionSandbox
+from corral.kernels.sandbox import SessionSandbox, SpawnedProcess
 from corral.kernels.session import Session
 from corral.sandbox.profile import SANDBOX_SPAWNER, SPAWNER
 from corral.service import Service
@@ -120,6 +121,50 @@ async def test_killing_the_spawner_from_inside_ends_the_sandbox_and_the_next_cal
         "print('n' in dir())", session_id="spawner", timeout_s=EXEC_S
     )
     assert again.stdout == "False\n" and again.kernel_restarted
+
+
+async def test_stopping_a_session_ends_its_sandbox_and_all_in_it_with_no_second_signal(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's stop ends the sandbox first (every process in it at once), then its
+    kernels; the sandbox's stop does nothing more when asked again (its process group's
+    number may belong to someone else by then)."""
+    await service.create_session("ends")
+    await run(service, "ends", "sleep 765 &", language="bash")
+    session = service.sessions.session("ends")
+    sandbox = sandbox_of(service, "ends")
+    bwrap = sandbox.pid
+    assert bwrap is not None
+    inside = tree(bwrap)
+    kernels = [kernel.pid for kernel in session.kernels.values()]
+    assert all(pid in inside for pid in kernels)
+    groups: list[int] = []
+    real_killpg = os.killpg
+    monkeypatch.setattr(
+        os, "killpg", lambda pgid, sig: (groups.append(pgid), real_killpg(pgid, sig))
+    )
+    await service.sessions.stop("ends")
+    assert groups == [bwrap]
+    await until(lambda: not any(alive(pid) for pid in inside), "nothing of the sandbox alive", 10)
+    assert not session.kernels and session.run is None
+    assert not sandbox.alive() and sandbox.pid is None
+    await sandbox.stop()
+    assert groups == [bwrap]
+
+
+async def test_a_killed_kernel_is_seen_to_end_without_waiting_for_a_poll(
+    service: Service,
+) -> None:
+    """`SpawnedProcess.ended` returns once the kernel is gone (its pidfd wakes it)."""
+    await service.create_session("gone")
+    await run(service, "gone", "n = 1")
+    kernel = service.sessions.session("gone").kernels["python"]
+    spawned = kernel.manager.provisioner.process  # type: ignore[union-attr]
+    assert isinstance(spawned, SpawnedProcess) and spawned.poll() is None
+    spawned.kill()
+    await asyncio.wait_for(spawned.ended(), 10)
+    assert spawned.poll() == -signal.SIGKILL and not alive(spawned.pid)
+    await spawned.ended()  # ended already: returns at once
 
 
 # -- the spawner on its own, as a process ------------------------------------------------

@@ -9,11 +9,13 @@ copy of the connection file whose socket paths are the sandbox's view of the run
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.kernelspec import KernelSpec
@@ -21,7 +23,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from corral.errors import KernelStartFailed
-from corral.kernels.sandbox import SessionSandbox
+from corral.kernels.sandbox import SessionSandbox, SpawnedProcess
 from corral.kernels.stderr_tail import StderrTail
 from corral.sandbox.policy import SANDBOX_RUN_DIR
 from corral.sandbox.profile import (
@@ -75,10 +77,65 @@ class SandboxedKernelManager(AsyncKernelManager):
         self.connection_file = str(self.host_dir / HOST_CONNECTION_FILE)
         self.cache_ports = False
 
+    # jupyter_client's start and shutdown are wrapped by its `in_pending_state`, which
+    # sleeps 10 ms after each so that its own tests can see the pending state: a tenth of
+    # a session's delete. These keep its `ready` future, without the sleep. (jupyter_client
+    # types the async manager's methods as its sync ones'.)
+
+    async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+        await self._pending(_unwrapped(AsyncKernelManager.start_kernel)(self, **kw))
+
+    async def shutdown_kernel(  # type: ignore[override]
+        self, now: bool = False, restart: bool = False
+    ) -> None:
+        """With `now` (what corral uses): kill the kernel, then clean up. jupyter_client's
+        first sends an interrupt request on the control channel, which a kernel about to
+        be killed never reads; the unsent message then held the context's close for its
+        0.1 s linger, in one delete of three."""
+        if not now:
+            graceful = _unwrapped(AsyncKernelManager.shutdown_kernel)
+            await self._pending(graceful(self, now=False, restart=restart))
+            return
+        await self._pending(self._kill_and_clean(restart))
+
+    async def _kill_and_clean(self, restart: bool) -> None:
+        self.shutting_down = True  # jupyter_client's restarter reads it
+        self.stop_restarter()
+        await self._async_kill_kernel(restart=restart)
+        await self._async_cleanup_resources(restart=restart)
+
+    async def _async_wait(self, pollinterval: float = 0.1) -> None:
+        """Return once the killed kernel has ended. jupyter_client looks every 0.1 s,
+        which a kernel whose sandbox was just ended (it dies a moment later) always paid."""
+        provisioner = self.provisioner
+        process = provisioner.process if isinstance(provisioner, LocalProvisioner) else None
+        if isinstance(process, SpawnedProcess):
+            await process.ended()
+        else:
+            await super()._async_wait(pollinterval)
+
+    async def _pending(self, work: Awaitable[None]) -> None:
+        """`ready` is a new future while `work` runs, then done (or failed, as `work`)."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ready = ready
+        try:
+            await work
+        except Exception as exc:
+            ready.set_exception(exc)
+            ready.exception()  # told to the caller, not to the loop's unretrieved warning
+            raise
+        if self.owns_kernel:
+            ready.set_result(None)
+
     def socket_names(self) -> list[str]:
         """The file names of the kernel's five sockets (valid once ports are assigned)."""
         ports = (self.shell_port, self.iopub_port, self.stdin_port, self.hb_port, self.control_port)
         return [f"{self.socket_prefix}-{port}" for port in ports]
+
+
+def _unwrapped(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """The function a decorator (functools.wraps) wrapped."""
+    return cast(Callable[..., Awaitable[None]], method.__wrapped__)  # type: ignore[attr-defined]
 
 
 def host_side(run_dir: Path, language: str) -> Path:

@@ -39,6 +39,7 @@ from corral.sandbox.writers import ns_pid
 
 MAX_REPLY = 4096
 FIND_POLL_S = 0.002
+ENDED_LOOK_S = 0.01  # a killed kernel's state looked at this often besides its pidfd
 FIND_TIMEOUT_S = 2.0  # a started kernel shows in /proc at once; this only bounds a lie
 
 
@@ -141,11 +142,12 @@ class SessionSandbox:
         return "" if self.stderr_log is None else self.stderr_log.text(max_bytes)
 
     async def stop(self) -> None:
-        """End the sandbox and everything in it, and remove its run directory."""
+        """End the sandbox and everything in it, and remove its run directory. Once
+        stopped it is not `alive` and has no `pid`; stopping it again does nothing more."""
         if self._control is not None:
             self._control.close()  # the spawner kills the kernels and exits
             self._control = None
-        process = self.process
+        process, self.process = self.process, None  # a second stop signals no one
         if process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -187,6 +189,20 @@ class SpawnedProcess:
             if self.poll() is None:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
         return self.returncode if self.returncode is not None else 0
+
+    async def ended(self) -> None:
+        """Return once the kernel has ended: woken by its pidfd, and looked at every
+        `ENDED_LOOK_S` besides (its main thread can be dead while the others unwind)."""
+        loop = asyncio.get_running_loop()
+        while self.poll() is None and (pidfd := self._pidfd) is not None:
+            readable = asyncio.Event()
+            loop.add_reader(pidfd, readable.set)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(ENDED_LOOK_S):
+                        await readable.wait()
+            finally:
+                loop.remove_reader(pidfd)
 
     def send_signal(self, signum: int) -> None:
         """`signum` to the kernel; SIGKILL to what it started too (its children and theirs),
