@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -166,6 +168,42 @@ async def test_delete_removes_the_workspace(service: Service) -> None:
     assert not info.workspace.exists()
     with pytest.raises(SessionNotFound):
         service.get_session("gone")
+
+
+async def test_a_deleted_sessions_folders_leave_at_once_and_go_off_the_event_loop(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folders move out of the session's place (the same id starts empty at once) and
+    are removed in a worker thread, never on the event loop."""
+    info = await service.create_session("again")
+    (info.workspace / "old.txt").write_text("from before")
+    sessions_dir = service.settings.sessions_dir
+    removed_in: list[str] = []  # the threads that removed trees under the sessions' folder
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path: Path, ignore_errors: bool = False) -> None:
+        if Path(path).is_relative_to(sessions_dir):
+            removed_in.append(threading.current_thread().name)
+        real_rmtree(path, ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    await service.delete_session("again")
+    assert removed_in and threading.main_thread().name not in removed_in
+    assert not (sessions_dir / "again").exists()
+    assert list((sessions_dir / ".trash").iterdir()) == []
+    fresh = await service.create_session("again")
+    assert list(fresh.workspace.iterdir()) == []
+
+
+async def test_what_a_stopped_server_left_of_deleted_sessions_is_removed_at_start(
+    settings: Settings,
+) -> None:
+    left = settings.sessions_dir / ".trash" / "gone.1a2b3c4d" / "workspace"
+    left.mkdir(parents=True)
+    (left / "big.bin").write_bytes(b"x" * 1024)
+    async with Service(settings) as service:
+        assert not left.parent.exists()
+        assert [s.id for s in service.sessions.list_sessions()] == []
 
 
 async def test_sessions_resume_after_a_server_restart_with_files_and_packages(

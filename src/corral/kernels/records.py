@@ -3,9 +3,13 @@ changes, and removed with their folders (`corral.store` is the database under it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import secrets
 import shutil
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from corral.config import Settings
@@ -13,6 +17,8 @@ from corral.errors import InvalidInput
 from corral.kernels.session import Session
 from corral.sandbox.profile import SessionPaths
 from corral.store import SessionRecord, Store, now
+
+TRASH = ".trash"  # deleted sessions' folders, being removed; never an id (ids start alnum)
 
 
 class SessionRecords:
@@ -22,9 +28,15 @@ class SessionRecords:
         self.store = store
         self.settings = settings
 
+    @property
+    def trash_dir(self) -> Path:
+        return self.settings.sessions_dir / TRASH
+
     def load(self) -> list[Session]:
-        """The stored sessions, all stopped now (no kernel outlives a server)."""
+        """The stored sessions, all stopped now (no kernel outlives a server). What a
+        server stopped while removing deleted sessions' folders left is removed first."""
         self.settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.rmtree(self.trash_dir, ignore_errors=True)
         self.store.mark_all_stopped()
         options = self.store.options()
         sessions = []
@@ -81,9 +93,21 @@ class SessionRecords:
         await self.store.run(self.store.put_options, session.id, session.options)
 
     async def forget(self, session_id: str) -> None:
-        """Remove a session's record and folders."""
+        """Remove a session's record and folders. The folders leave the session's place at
+        once (a new session of the same id starts empty) and are removed in a worker
+        thread: one with installed packages holds thousands of files, which the event
+        loop, answering every other session meanwhile, should not wait for."""
         await self.store.run(self.store.delete, session_id)
-        shutil.rmtree(self.settings.sessions_dir / session_id, ignore_errors=True)
+        folder = self.settings.sessions_dir / session_id
+        trash = self.trash_dir / f"{session_id}.{secrets.token_hex(4)}"
+        try:
+            self.trash_dir.mkdir(mode=0o700, exist_ok=True)
+            os.rename(folder, trash)
+        except FileNotFoundError:
+            return
+        except OSError:
+            trash = folder  # removed where it is
+        await asyncio.to_thread(shutil.rmtree, trash, True)
 
 
 def _new_record(session_id: str) -> SessionRecord:
