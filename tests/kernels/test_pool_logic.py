@@ -232,14 +232,35 @@ async def test_a_refill_after_a_call_waits_for_its_answer_to_leave(
     """The event loop that sends a call's answer would otherwise start the refill (the
     package prefix, the sandbox) first: a new session's first answer waited for it."""
     monkeypatch.setattr(pool_module, "ANSWER_S", 30.0)
-    pool = factory.pool(size=1, refill_pause_s=60.0)
+    pool = factory.pool(size=2, refill_pause_s=60.0)
     pool.start()
     try:
         await pool.wait_full(5)
         assert await pool.take() is not None
         pool.resume()
         await asyncio.sleep(0.1)  # a refill would have started within milliseconds
-        assert (factory.started, pool.filling) == (1, False)
+        assert (factory.started, pool.filling) == (2, False)
+    finally:
+        await pool.close()
+
+
+async def test_a_burst_that_takes_half_the_pool_refills_it_despite_the_pause(
+    factory: Factory,
+) -> None:
+    """Each hand-out pauses the refill; a burst of them would hold it off until the pool
+    ran dry, so the pause holds only while half of what the pool should hold is ready."""
+    pool = factory.pool(size=4, refill_pause_s=30.0)
+    pool.start()
+    try:
+        await pool.wait_full(5)
+        for _ in range(2):
+            assert await pool.take() is not None
+        await asyncio.sleep(0.1)  # a refill would have started within milliseconds
+        assert (factory.started, len(pool.ready)) == (4, 2)
+        assert await pool.take() is not None  # one ready of the four
+        await until(lambda: len(pool.ready) == 2)  # back to half, then paused again
+        await asyncio.sleep(0.1)
+        assert (factory.started, len(pool.ready)) == (5, 2)
     finally:
         await pool.close()
 

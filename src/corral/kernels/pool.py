@@ -18,6 +18,10 @@ refill's first steps run on the event loop, which would otherwise send them befo
 call's answer (a new session's first `1+1` over REST took 10.7 ms where an idle session's
 took 7.3; with the answer first, both 6.5).
 
+The pause holds only while at least half the kernels the pool should hold are ready: a
+burst of new sessions, each pausing it again, would otherwise keep it from refilling until
+it ran dry.
+
 The pool knows nothing of sandboxes: the session manager gives it `spawn` (start one warm
 kernel) and `discard` (stop one), and takes kernels with `take`.
 """
@@ -230,7 +234,7 @@ class WarmPool(Generic[W]):
                 continue
             if self._another_wanted():
                 now = time.monotonic()
-                if (pause := max(self._quiet_until, self._retry_at) - now) > 0:
+                if (pause := max(self._quiet(), self._retry_at) - now) > 0:
                     # A session just handed a kernel runs first; a failed start backs off.
                     await self._wait_for_wake(pause)
                     continue
@@ -239,6 +243,12 @@ class WarmPool(Generic[W]):
                 task.add_done_callback(self._started)
                 continue
             await self._wait_for_wake(self._tick_s)
+
+    def _quiet(self) -> float:
+        """When the refill pause after a hand-out ends: at once while fewer than half
+        the kernels the pool should hold are ready (a burst of new sessions, each of
+        which would otherwise push the pause on until the pool ran dry)."""
+        return self._quiet_until if 2 * len(self.ready) >= self.target() else 0.0
 
     def _another_wanted(self) -> bool:
         starting = len(self._starting)
