@@ -30,6 +30,7 @@ import httpx
 import psutil
 import pytest
 
+from corral.kernels.records import TRASH
 from corral.sandbox.limits import own_cgroup1
 from tests.endurance.served import Served, served
 
@@ -412,7 +413,8 @@ async def test_concurrent_sessions_get_every_result_in_order_and_leak_nothing(
     assert after.fds <= before.fds + FD_TOLERANCE, f"fds {before.fds} -> {after.fds}"
     assert after.children == before.children, _describe(after.children - before.children)
     assert after.run_entries == before.run_entries
-    assert after.session_dirs == frozenset()
+    assert after.session_dirs <= {TRASH}  # every session's folder left its place
+    assert _names(load_server.state_dir / "sessions" / TRASH) == []  # and was removed
     assert cgroups == []
 
 
