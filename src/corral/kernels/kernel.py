@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SOCKET_POLL_S = 0.005
 READY_TRY_S = 1.0  # how long one kernel_info request is waited for at start
+IDLE_AFTER_REPLY_S = 0.2  # then its idle status on iopub, before asking again
 INTERRUPT_REPLY_S = 5.0  # how long an interrupt waits for the kernel's answer by default
 # A python kernel's first result: a value shown (IPython sets up its display hook and
 # formatters on first use) with no history kept, then that value forgotten, as if never shown.
@@ -113,7 +114,9 @@ class SandboxedKernel:
 
         jupyter_client's `wait_for_ready` then reads iopub until it has been silent for
         0.2 s: a third of every cold start. A status the kernel published before our
-        subscription reached it is lost, so each try asks again.
+        subscription reached it is lost, so a try whose reply came but whose status did
+        not within `IDLE_AFTER_REPLY_S` (the reply and its status leave together) asks
+        again.
         """
         while True:
             remaining = self._remaining(timeout_s)
@@ -125,7 +128,7 @@ class SandboxedKernel:
             msg_id = client.kernel_info()
             reply = await reply_to(client.get_shell_msg, msg_id, min(remaining, READY_TRY_S))
             if reply is not None and await _idle_after_request(
-                client, msg_id, min(self._remaining(timeout_s), READY_TRY_S)
+                client, msg_id, min(self._remaining(timeout_s), IDLE_AFTER_REPLY_S)
             ):
                 client._handle_kernel_info_reply(reply)
                 return
