@@ -10,8 +10,6 @@ moved for the idle timeout.
 from __future__ import annotations
 
 import asyncio
-import functools
-import socket
 import time
 from collections.abc import Callable
 from typing import cast
@@ -151,31 +149,3 @@ async def bridge(
     finally:
         a.close()
         b.close()
-
-
-FORWARDER_IDLE_TIMEOUT_S = 3600.0  # the host proxy enforces the real idle limit
-
-
-def run_forwarder(path: str, listeners: dict[bytes, socket.socket]) -> None:
-    """Serve each listening socket, relaying every connection to the unix socket `path`,
-    prefixed with that listener's kind byte. Runs until the process ends."""
-
-    async def forward(
-        kind: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            up = await asyncio.open_unix_connection(path)
-        except OSError:
-            writer.close()
-            return
-        up[1].write(kind)
-        await bridge_streams((reader, writer), up, idle_timeout_s=FORWARDER_IDLE_TIMEOUT_S)
-
-    async def serve() -> None:
-        servers = [
-            await asyncio.start_server(functools.partial(forward, kind), sock=sock)
-            for kind, sock in listeners.items()
-        ]
-        await asyncio.gather(*(server.serve_forever() for server in servers))
-
-    asyncio.run(serve())

@@ -126,7 +126,6 @@ def _egress_binds(egress_socket: Path | None) -> tuple[Bind, ...]:
     return (
         Bind(egress_socket.parent, SANDBOX_EGRESS_DIR),
         Bind(FORWARDER, SANDBOX_FORWARDER),
-        Bind(FORWARDER.with_name("relay.py"), SANDBOX_FORWARDER.replace("forwarder", "relay")),
     )
 
 

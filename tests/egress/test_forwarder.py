@@ -1,0 +1,165 @@
+"""The forwarder's relay on its own, on the host: a client on a TCP listener, relayed to a
+unix socket standing for the host proxy (the sandbox's path is tested in
+test_sandbox_network.py and test_sandbox_clients.py)."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from corral.egress.forwarder import Relay
+
+WAIT_S = 10.0
+
+
+@dataclass
+class Forwarding:
+    port: int  # where a client connects
+    proxy: socket.socket  # the stand-in host proxy, listening
+
+
+@pytest.fixture
+def forwarding(tmp_path: Path) -> Iterator[Forwarding]:
+    """A relay from a loopback port (kind b"H") to a unix socket, turning in a thread."""
+    path = str(tmp_path / "egress.sock")
+    proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    proxy.bind(path)
+    proxy.listen(8)
+    proxy.settimeout(WAIT_S)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    relay = Relay(path, {b"H": listener})
+    done = threading.Event()
+
+    def turn() -> None:
+        while not done.is_set():
+            relay.turn(0.05)
+
+    thread = threading.Thread(target=turn, daemon=True)
+    thread.start()
+    try:
+        yield Forwarding(listener.getsockname()[1], proxy)
+    finally:
+        done.set()
+        thread.join(WAIT_S)
+        listener.close()
+        proxy.close()
+        for link in list(relay.links):
+            relay.end(link)
+
+
+def client_of(forwarding: Forwarding) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", forwarding.port), timeout=WAIT_S)
+    client.settimeout(WAIT_S)
+    return client
+
+
+def read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def closed_on(sock: socket.socket) -> bool:
+    """The peer ended the connection: an end of data, or a reset (it closed with our bytes
+    unread)."""
+    try:
+        return read_all(sock) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_bytes_go_both_ways_after_the_kind_byte_and_each_end_is_passed_on(
+    forwarding: Forwarding,
+) -> None:
+    client = client_of(forwarding)
+    upstream, _ = forwarding.proxy.accept()
+    upstream.settimeout(WAIT_S)
+    client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    client.shutdown(socket.SHUT_WR)  # the client is done sending, still reading
+    assert read_all(upstream) == b"HGET / HTTP/1.1\r\n\r\n"
+    upstream.sendall(b"HTTP/1.1 200 OK\r\n\r\nbody")
+    upstream.shutdown(socket.SHUT_WR)
+    assert read_all(client) == b"HTTP/1.1 200 OK\r\n\r\nbody"
+    client.close()
+    upstream.close()
+
+
+def test_a_download_larger_than_any_buffer_arrives_whole_to_a_slow_reader(
+    forwarding: Forwarding,
+) -> None:
+    client = client_of(forwarding)
+    upstream, _ = forwarding.proxy.accept()
+    upstream.settimeout(WAIT_S)
+    payload = bytes(range(256)) * (32 * 1024)  # 8 MiB
+    sender = threading.Thread(target=lambda: (upstream.sendall(payload), upstream.close()))
+    sender.start()
+    received = bytearray()
+    while chunk := client.recv(4096):  # small reads: the relay must hold back, not drop
+        received += chunk
+    sender.join(WAIT_S)
+    assert len(received) == len(payload) and bytes(received) == payload
+    client.close()
+
+
+def test_a_client_whose_proxy_went_away_sees_its_connection_closed(
+    forwarding: Forwarding,
+) -> None:
+    client = client_of(forwarding)
+    upstream, _ = forwarding.proxy.accept()
+    upstream.close()
+    client.sendall(b"CONNECT example.org:443 HTTP/1.1\r\n\r\n")
+    assert closed_on(client)
+    client.close()
+
+
+def test_a_client_is_closed_when_no_proxy_listens(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    relay = Relay(str(tmp_path / "nobody.sock"), {b"S": listener})
+    client = socket.create_connection(listener.getsockname(), timeout=WAIT_S)
+    client.settimeout(WAIT_S)
+    for _ in range(20):  # bounded: the accept happens in the first turns
+        relay.turn(0.05)
+        if not relay.links:
+            break
+    assert closed_on(client) and not relay.links
+    client.close()
+    listener.close()
+
+
+def test_an_event_of_a_connection_ended_earlier_in_the_same_turn_is_passed_over(
+    tmp_path: Path,
+) -> None:
+    """One select can report both sockets of a connection; serving the first may end it."""
+    path = str(tmp_path / "egress.sock")
+    proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    proxy.bind(path)
+    proxy.listen(8)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    relay = Relay(path, {b"H": listener})
+    client = socket.create_connection(listener.getsockname(), timeout=WAIT_S)
+    for _ in range(20):  # bounded: the accept happens in the first turns
+        relay.turn(0.05)
+        if relay.links:
+            break
+    (link,) = relay.links
+    relay.end(link)
+    relay.serve(link, link.client, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    assert not relay.links and link.client.fileno() == -1
+    for sock in (client, listener, proxy):
+        sock.close()
