@@ -8,8 +8,8 @@ and decides nothing: all policy lives on the host.
 
 The relay is one `selectors` loop, standard library only: asyncio alone would hold about
 5 MiB more of every session's memory, for a loop that only moves bytes.
-Each direction of a connection reads only while what it read last has been written (a full
-socket pauses the side that feeds it), passes the end of what one side sends on to the other
+Each direction of a connection reads while less than `HIGH_WATER` waits to be written (a
+full socket pauses the side that feeds it), passes the end of what one side sends on to the other
 (a half-close), and the pair ends when both ends have passed, on an error, or after an hour
 with nothing moving (the host proxy holds the real idle limit).
 """
@@ -25,6 +25,8 @@ import time
 HTTP_PORT, SOCKS_PORT = 3128, 1080
 KINDS = {HTTP_PORT: b"H", SOCKS_PORT: b"S"}
 CHUNK = 256 * 1024
+READS_PER_TURN = 16  # a busy connection yields to the others after this many reads
+HIGH_WATER = 512 * 1024  # a direction stops reading while this much waits for its sink
 IDLE_TIMEOUT_S = 3600.0  # the host proxy enforces the real idle limit
 LOOK_S = 5.0  # idle connections are looked for this often
 CONNECT_S = 5.0  # the host proxy's socket takes a connection at once unless its queue is full
@@ -52,20 +54,37 @@ class Pipe:
 
     @property
     def reading(self) -> bool:
-        return not self.ended and not self.waiting
+        """The source is read while less than `HIGH_WATER` waits for the sink."""
+        return not self.ended and len(self.waiting) < HIGH_WATER
 
     def read(self) -> None:
-        """Read what the source has and write what the sink takes; raises `OSError`."""
+        """Read what the source has and write what the sink takes, until the source has
+        nothing more, `HIGH_WATER` waits, or `READS_PER_TURN` reads; raises `OSError`."""
+        for _ in range(READS_PER_TURN):
+            try:
+                data = self.source.recv(CHUNK)
+            except BlockingIOError:  # nothing more: the next turn looks again
+                return
+            if not data:
+                self.ended = True
+                self.pass_end()
+                return
+            if self.waiting:
+                self.waiting += data
+                self.write()
+            else:
+                self.write_new(data)
+            if not self.reading:
+                return
+
+    def write_new(self, data: bytes) -> None:
+        """Write `data` when nothing waits before it; what the sink does not take waits."""
         try:
-            data = self.source.recv(CHUNK)
-        except BlockingIOError:  # nothing after all: the next turn looks again
-            return
-        if data:
-            self.waiting += data
-            self.write()
-        else:
-            self.ended = True
-            self.pass_end()
+            sent = self.sink.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            self.waiting += memoryview(data)[sent:]
 
     def write(self) -> None:
         try:
@@ -184,12 +203,14 @@ class Relay:
 
     def watch(self, link: Link, sock: socket.socket) -> None:
         wanted = link.wanted(sock)
-        registered = sock in self.selector.get_map()
-        if wanted and registered:
+        key = self.selector.get_map().get(sock)
+        if key is not None and key.events == wanted:
+            return
+        if wanted and key is not None:
             self.selector.modify(sock, wanted, link)
         elif wanted:
             self.selector.register(sock, wanted, link)
-        elif registered:
+        elif key is not None:
             self.selector.unregister(sock)
 
     def end(self, link: Link) -> None:
