@@ -24,18 +24,30 @@ class Forwarding:
     proxy: socket.socket  # the stand-in host proxy, listening
 
 
-@pytest.fixture
-def forwarding(tmp_path: Path) -> Iterator[Forwarding]:
-    """A relay from a loopback port (kind b"H") to a unix socket, turning in a thread."""
-    path = str(tmp_path / "egress.sock")
+def proxy_at(path: str) -> socket.socket:
+    """The stand-in host proxy: a unix socket listening at `path`."""
     proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     proxy.bind(path)
     proxy.listen(8)
     proxy.settimeout(WAIT_S)
+    return proxy
+
+
+def loopback_listener() -> socket.socket:
+    """What the forwarder listens on, at a free loopback port (not 3128: tests run at once)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
+    return listener
+
+
+@pytest.fixture
+def forwarding(tmp_path: Path) -> Iterator[Forwarding]:
+    """A relay from a loopback port (kind b"H") to a unix socket, turning in a thread."""
+    path = str(tmp_path / "egress.sock")
+    proxy = proxy_at(path)
+    listener = loopback_listener()
     relay = Relay(path, {b"H": listener})
     done = threading.Event()
 
@@ -56,10 +68,18 @@ def forwarding(tmp_path: Path) -> Iterator[Forwarding]:
             relay.end(link)
 
 
-def client_of(forwarding: Forwarding) -> socket.socket:
-    client = socket.create_connection(("127.0.0.1", forwarding.port), timeout=WAIT_S)
+def client_to(port: int) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
     client.settimeout(WAIT_S)
     return client
+
+
+def connected(forwarding: Forwarding) -> tuple[socket.socket, socket.socket]:
+    """A client's connection, and the one the relay opened for it to the proxy."""
+    client = client_to(forwarding.port)
+    upstream, _ = forwarding.proxy.accept()
+    upstream.settimeout(WAIT_S)
+    return client, upstream
 
 
 def read_all(sock: socket.socket) -> bytes:
@@ -81,9 +101,7 @@ def closed_on(sock: socket.socket) -> bool:
 def test_bytes_go_both_ways_after_the_kind_byte_and_each_end_is_passed_on(
     forwarding: Forwarding,
 ) -> None:
-    client = client_of(forwarding)
-    upstream, _ = forwarding.proxy.accept()
-    upstream.settimeout(WAIT_S)
+    client, upstream = connected(forwarding)
     client.sendall(b"GET / HTTP/1.1\r\n\r\n")
     client.shutdown(socket.SHUT_WR)  # the client is done sending, still reading
     assert read_all(upstream) == b"HGET / HTTP/1.1\r\n\r\n"
@@ -97,9 +115,7 @@ def test_bytes_go_both_ways_after_the_kind_byte_and_each_end_is_passed_on(
 def test_a_download_larger_than_any_buffer_arrives_whole_to_a_slow_reader(
     forwarding: Forwarding,
 ) -> None:
-    client = client_of(forwarding)
-    upstream, _ = forwarding.proxy.accept()
-    upstream.settimeout(WAIT_S)
+    client, upstream = connected(forwarding)
     payload = bytes(range(256)) * (32 * 1024)  # 8 MiB
     sender = threading.Thread(target=lambda: (upstream.sendall(payload), upstream.close()))
     sender.start()
@@ -114,8 +130,7 @@ def test_a_download_larger_than_any_buffer_arrives_whole_to_a_slow_reader(
 def test_a_client_whose_proxy_went_away_sees_its_connection_closed(
     forwarding: Forwarding,
 ) -> None:
-    client = client_of(forwarding)
-    upstream, _ = forwarding.proxy.accept()
+    client, upstream = connected(forwarding)
     upstream.close()
     client.sendall(b"CONNECT example.org:443 HTTP/1.1\r\n\r\n")
     assert closed_on(client)
@@ -123,17 +138,10 @@ def test_a_client_whose_proxy_went_away_sees_its_connection_closed(
 
 
 def test_a_client_is_closed_when_no_proxy_listens(tmp_path: Path) -> None:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
+    listener = loopback_listener()
     relay = Relay(str(tmp_path / "nobody.sock"), {b"S": listener})
-    client = socket.create_connection(listener.getsockname(), timeout=WAIT_S)
-    client.settimeout(WAIT_S)
-    for _ in range(20):  # bounded: the accept happens in the first turns
-        relay.turn(0.05)
-        if not relay.links:
-            break
+    client = client_to(listener.getsockname()[1])
+    relay.turn(WAIT_S)  # the waiting connection is accepted, and its proxy is not there
     assert closed_on(client) and not relay.links
     client.close()
     listener.close()
@@ -144,19 +152,11 @@ def test_an_event_of_a_connection_ended_earlier_in_the_same_turn_is_passed_over(
 ) -> None:
     """One select can report both sockets of a connection; serving the first may end it."""
     path = str(tmp_path / "egress.sock")
-    proxy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    proxy.bind(path)
-    proxy.listen(8)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.setblocking(False)
+    proxy = proxy_at(path)
+    listener = loopback_listener()
     relay = Relay(path, {b"H": listener})
-    client = socket.create_connection(listener.getsockname(), timeout=WAIT_S)
-    for _ in range(20):  # bounded: the accept happens in the first turns
-        relay.turn(0.05)
-        if relay.links:
-            break
+    client = client_to(listener.getsockname()[1])
+    relay.turn(WAIT_S)  # the waiting connection is accepted and linked to the proxy
     (link,) = relay.links
     relay.end(link)
     relay.serve(link, link.client, selectors.EVENT_READ | selectors.EVENT_WRITE)

@@ -182,8 +182,9 @@ class KernelFactory:
         for the last process to be gone before it can be removed (together 30 of a
         delete's 50 ms). Not while a kernel is starting: its start owns the run."""
         run = session.run
-        if session.kernels and not session.starting and run is not None and run.sandbox:
-            await run.sandbox.stop()
+        sandbox = run.sandbox if run is not None else None
+        if session.kernels and not session.starting and sandbox is not None:
+            await sandbox.stop()
         for language in list(session.kernels):
             await self.drop_kernel(session, language)
 
