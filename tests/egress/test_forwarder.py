@@ -8,7 +8,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ WAIT_S = 10.0
 class Forwarding:
     port: int  # where a client connects
     proxy: socket.socket  # the stand-in host proxy, listening
+    opened: list[socket.socket] = field(default_factory=list)  # closed after the test
 
 
 def proxy_at(path: str) -> socket.socket:
@@ -57,9 +58,12 @@ def forwarding(tmp_path: Path) -> Iterator[Forwarding]:
 
     thread = threading.Thread(target=turn, daemon=True)
     thread.start()
+    forwarding = Forwarding(listener.getsockname()[1], proxy)
     try:
-        yield Forwarding(listener.getsockname()[1], proxy)
+        yield forwarding
     finally:
+        for sock in forwarding.opened:
+            sock.close()
         done.set()
         thread.join(WAIT_S)
         listener.close()
@@ -79,6 +83,7 @@ def connected(forwarding: Forwarding) -> tuple[socket.socket, socket.socket]:
     client = client_to(forwarding.port)
     upstream, _ = forwarding.proxy.accept()
     upstream.settimeout(WAIT_S)
+    forwarding.opened += [client, upstream]
     return client, upstream
 
 
@@ -125,6 +130,20 @@ def test_a_download_larger_than_any_buffer_arrives_whole_to_a_slow_reader(
     sender.join(WAIT_S)
     assert len(received) == len(payload) and bytes(received) == payload
     client.close()
+
+
+def test_what_the_proxy_sent_before_resetting_its_connection_still_arrives(
+    forwarding: Forwarding,
+) -> None:
+    """The proxy closes with bytes of ours unread (a refusal sent while a body still
+    came): its connection is reset, and the answer it sent before must still arrive."""
+    client, upstream = connected(forwarding)
+    answer = b"HTTP/1.1 403 Forbidden\r\n\r\n" + b"x" * (2 * 1024 * 1024)
+    sender = threading.Thread(target=lambda: (upstream.sendall(answer), upstream.close()))
+    sender.start()  # it never reads the kind byte: its close resets the connection
+    received = read_all(client)
+    sender.join(WAIT_S)
+    assert len(received) == len(answer) and received == answer
 
 
 def test_a_client_whose_proxy_went_away_sees_its_connection_closed(

@@ -10,8 +10,9 @@ The relay is one `selectors` loop, standard library only: asyncio alone would ho
 5 MiB more of every session's memory, for a loop that only moves bytes.
 Each direction of a connection reads while less than `HIGH_WATER` waits to be written (a
 full socket pauses the side that feeds it), passes the end of what one side sends on to the other
-(a half-close), and the pair ends when both ends have passed, on an error, or after an hour
-with nothing moving (the host proxy holds the real idle limit).
+(a half-close; a side that resets its connection has ended too, and what it sent before
+still reaches the other side), and the pair ends when both ends have passed, when a write
+fails, or after an hour with nothing moving (the host proxy holds the real idle limit).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class Pipe:
                 data = self.source.recv(CHUNK)
             except BlockingIOError:  # nothing more: the next turn looks again
                 return
+            except ConnectionError:  # reset: an end, once what it sent before is written
+                data = b""
             if not data:
                 self.ended = True
                 self.pass_end()
