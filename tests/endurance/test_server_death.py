@@ -1,9 +1,9 @@
 """A `corral serve` SIGKILLed while its warm pool fills leaves no sandbox behind.
 
 The server is killed six times on the same state, each time at another moment of a pool
-refill, chosen by what can be seen (a slot folder, a gate or bwrap, the forwarder, the
-kernel, a second slot), not by sleeping. After each kill, every process naming that
-server's state directory or run root (bwrap, gates, forwarders, kernels) must be gone
+refill, chosen by what can be seen (a slot folder, a gate or bwrap, bwrap past its gate,
+the kernel, a second slot), not by sleeping. After each kill, every process naming that
+server's state directory or run root (bwrap, gates, kernels) must be gone
 within a deadline (without the next start's sweep: each kill is judged before it).
 """
 
@@ -45,10 +45,21 @@ def running(server: Served, word: str) -> int:
     return count
 
 
+def past_gate(server: Served) -> int:
+    """How many of the server's sandboxes run bwrap (their gate let them through)."""
+    count = 0
+    for proc in server.sandboxes():
+        try:
+            count += Path(proc.cmdline()[0]).name == "bwrap"
+        except (psutil.Error, IndexError):
+            continue
+    return count
+
+
 MOMENTS: list[tuple[str, Callable[[Served], bool]]] = [
     ("a pool slot folder appeared", lambda s: slots(s) >= 1),
     ("a sandbox process (gate or bwrap) appeared", lambda s: bool(s.sandboxes())),
-    ("a pool forwarder runs", lambda s: running(s, "forwarder.py") >= 1),
+    ("a pool sandbox is past its gate", lambda s: past_gate(s) >= 1),
     ("a pool kernel runs", lambda s: running(s, "python_kernel") >= 1),
     ("a second slot folder appeared", lambda s: slots(s) >= 2),
     ("two pool kernels run", lambda s: running(s, "python_kernel") >= 2),

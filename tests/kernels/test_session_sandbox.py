@@ -16,13 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
 from corral.kernels.sandbox import SessionSandbox, SpawnedProcess
 from corral.kernels.session import Session
-from corral.sandbox.profile import SANDBOX_SPAWNER, SPAWNER
+from corral.sandbox.profile import SANDBOX_PYTHON_KERNEL, SANDBOX_SPAWNER, SPAWNER
 from corral.service import Service
 from tests.waiting import until
 
@@ -72,6 +73,39 @@ async def test_both_kernels_share_one_sandbox_its_tmp_and_its_processes(service:
     assert {k.pid for k in kernels.values()} <= tree(sandbox.pid)
     bwraps = [p for p in tree(sandbox.pid) if psutil.Process(p).name() == "bwrap"]
     assert len(bwraps) == 2  # the outer bwrap and its init inside: one sandbox, not two
+
+
+def role(pid: int) -> str:
+    """What a sandbox process is, by its command line."""
+    command = psutil.Process(pid).cmdline()
+    if Path(command[0]).name == "bwrap":
+        return "bwrap"
+    if SANDBOX_SPAWNER in command:
+        return "spawner"
+    if SANDBOX_PYTHON_KERNEL in command:
+        return "python kernel"
+    return " ".join(command)
+
+
+async def test_the_spawner_relays_egress_itself_so_a_sandbox_holds_no_other_process(
+    service: Service,
+) -> None:
+    """The forwarder's ports answer the first kernel, and no process of the sandbox is there
+    for them: the relay is a thread of the spawner (a process of its own held 4.5 MiB)."""
+    await service.create_session("lean")
+    reached = await run(
+        service,
+        "lean",
+        "import socket\n"
+        "for port in (3128, 1080):\n"
+        "    socket.create_connection(('127.0.0.1', port), 5).close()\n"
+        "print('both')",
+    )
+    assert reached == "both\n"
+    sandbox = sandbox_of(service, "lean")
+    assert sandbox.pid is not None
+    roles = sorted(role(pid) for pid in tree(sandbox.pid))
+    assert roles == ["bwrap", "bwrap", "python kernel", "spawner"]
 
 
 async def test_a_kernel_dropped_takes_what_it_started_and_leaves_its_sibling(
@@ -272,3 +306,11 @@ def test_a_kernel_is_watched_whatever_its_descriptor_number() -> None:
         child.kill()
         child.wait()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("args", [[], ["x"], ["3", "--egress"], ["3", "--relay", "/s"]])
+def test_the_spawner_refuses_arguments_it_does_not_know(args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SPAWNER), *args], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1 and "usage: spawner.py FD [--egress SOCKET]" in done.stderr

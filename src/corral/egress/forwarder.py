@@ -1,10 +1,12 @@
 """The in-sandbox forwarder: 127.0.0.1:3128 (HTTP proxy) and :1080 (SOCKS5) to the host proxy.
 
-Run inside the sandbox as `python forwarder.py SOCKET -- KERNEL ARGV...`. It binds both ports
-first, forks a child that relays every accepted connection to the unix socket SOCKET (one
-byte saying which port, then the bytes as they come), and execs the kernel in the parent, so
-the kernel stays the sandbox's main process and the relay dies with it. It parses nothing
-and decides nothing: all policy lives on the host.
+`Relay` moves every connection accepted on both ports to the unix socket SOCKET (one byte
+saying which port, then the bytes as they come). It parses nothing and decides nothing: all
+policy lives on the host. A session's sandbox runs it in a thread of its spawner
+(`spawner.py --egress SOCKET`). Other sandboxes (the browser's) run this file as
+`python forwarder.py SOCKET -- COMMAND...`: it binds both ports first, forks a child that
+relays, and execs COMMAND in the parent, so the command stays the sandbox's main process
+and the relay dies with it.
 
 The relay is one `selectors` loop, standard library only: asyncio alone would hold about
 5 MiB more of every session's memory, for a loop that only moves bytes.
@@ -41,6 +43,11 @@ def listen(port: int) -> socket.socket:
     sock.listen(512)
     sock.setblocking(False)
     return sock
+
+
+def listen_all() -> dict[bytes, socket.socket]:
+    """Both listeners, by the kind byte their connections are sent with."""
+    return {KINDS[port]: listen(port) for port in KINDS}
 
 
 class Pipe:
@@ -240,7 +247,7 @@ def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--":
         sys.exit("usage: forwarder.py SOCKET -- COMMAND...")
     path, command = argv[1], argv[3:]
-    sockets = {KINDS[port]: listen(port) for port in KINDS}
+    sockets = listen_all()
     if os.fork() == 0:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)

@@ -35,7 +35,7 @@ from corral.kernels.session import Session
 from corral.mounts import overlapping
 from corral.protect import escape_name, validate_protected_names
 from corral.sandbox.host import SandboxHost
-from corral.sandbox.profile import egress_launcher, forwarded_env, skill_binds
+from corral.sandbox.profile import forwarded_env, skill_binds
 from corral.sandbox.runtime import create_session_env, repair_note, repair_session_env
 
 log = logging.getLogger(__name__)
@@ -140,11 +140,8 @@ class KernelFactory:
             bwrap=self.host.bwrap,
             python=self.host.runtime.sandbox_python,
         )
-        launcher = [*extras.launcher]
-        if socket is not None:
-            launcher += egress_launcher(self.host.runtime)
         try:
-            sandbox.start(launcher, run.box)
+            sandbox.start([*extras.launcher], run.box, egress=socket is not None)
         except BaseException:
             await sandbox.stop()
             raise

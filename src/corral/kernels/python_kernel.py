@@ -22,6 +22,7 @@ every session and every call would pay for:
 `tests/kernels/test_output_order.py` holds the order of what a cell sends.
 """
 
+import importlib
 import importlib.util
 import logging
 import os
@@ -38,10 +39,11 @@ def _defer_jupyter_clients_package() -> None:
     """Let the kernel import jupyter_client's modules without the package's `__init__`.
 
     That `__init__` imports the client side of Jupyter (clients, managers, provisioners,
-    kernel specs: 42 modules, about 5% of the launcher's imports in an A/B here) for the
-    one name ipykernel takes from it at start, `write_connection_file`. The package is registered
-    unexecuted; that name comes from its module, and the first use of any other name (code
-    in the kernel importing jupyter_client, say) runs the `__init__` as usual.
+    kernel specs, importlib.metadata: 42 modules, about 1 MiB of an idle kernel's memory)
+    for the two names ipykernel takes from it at start, `write_connection_file` and
+    `find_connection_file`. The package is registered unexecuted; those names come from
+    their module, and the first use of any other name (code in the kernel importing
+    jupyter_client, say) runs the `__init__` as usual.
     """
     spec = importlib.util.find_spec("jupyter_client")
     if spec is None or spec.loader is None or "jupyter_client" in sys.modules:
@@ -50,10 +52,9 @@ def _defer_jupyter_clients_package() -> None:
     loader = spec.loader
 
     def first_use(name: str) -> Any:
-        if name == "write_connection_file":
-            from jupyter_client.connect import write_connection_file
-
-            return write_connection_file
+        if name in _CONNECT_NAMES:  # (`from jupyter_client import connect` would ask for
+            # the name "connect" here first)
+            return getattr(importlib.import_module("jupyter_client.connect"), name)
         del package.__getattr__  # the real names from now on
         loader.exec_module(package)
         return getattr(package, name)
@@ -62,6 +63,7 @@ def _defer_jupyter_clients_package() -> None:
     sys.modules["jupyter_client"] = package
 
 
+_CONNECT_NAMES = ("write_connection_file", "find_connection_file")
 _defer_jupyter_clients_package()  # before ipykernel is imported: the rest comes after
 
 import zmq  # noqa: E402
@@ -184,6 +186,9 @@ def main() -> None:
     config = Config()
     config.HistoryManager.enabled = False
     sys.modules["debugpy"] = None  # type: ignore[assignment]  # the debugger stays off
+    # The kernel is never a client of itself: the client class its connection mixin names
+    # is not resolved (the name alone would load jupyter_client's package after all).
+    IPKernelApp.class_traits()["blocking_class"].default_value = object
     try:
         app = IPKernelApp.instance(config=config)
         app.initialize(sys.argv[1:])  # type: ignore[no-untyped-call]

@@ -1,10 +1,11 @@
 """A session's one sandbox, and the kernels started inside it.
 
 `SessionSandbox` starts bwrap once per session run with the spawner (`spawner.py`, bound at
-`SANDBOX_SPAWNER`) as its command, behind the run's launchers (the egress forwarder, the
-agent bridge). Each kernel is then started by asking the spawner over a socket pair whose
-sandbox end bwrap inherits: the kernels of one session share namespaces, /tmp, processes and
-the view of their mounts, and a kernel started later is not a second sandbox.
+`SANDBOX_SPAWNER`) as its command, behind the run's launchers (the agent bridge); with
+egress, the spawner also runs the forwarder's relay. Each kernel is then started by asking
+the spawner over a socket pair whose sandbox end bwrap inherits: the kernels of one session
+share namespaces, /tmp, processes and the view of their mounts, and a kernel started later
+is not a second sandbox.
 
 The spawner runs inside the sandbox, so what it answers is not trusted: the pid it names is
 looked up in this sandbox's own process tree on the host, and the server keeps a pidfd to
@@ -34,7 +35,7 @@ from corral.sandbox import watchdog
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SandboxPolicy
-from corral.sandbox.profile import SANDBOX_SPAWNER
+from corral.sandbox.profile import SANDBOX_EGRESS_SOCKET, SANDBOX_SPAWNER
 from corral.sandbox.writers import ns_pid
 
 MAX_REPLY = 4096
@@ -57,14 +58,17 @@ class SessionSandbox:
         self._asking = asyncio.Lock()  # one request at a time
         self._requests = 0  # numbers each request; its answer echoes the number
 
-    def start(self, launcher: list[str], box: LimitBox | None) -> None:
-        """Start bwrap and the spawner (inside `box` before anything runs). Raises
+    def start(self, launcher: list[str], box: LimitBox | None, *, egress: bool = False) -> None:
+        """Start bwrap and the spawner (inside `box` before anything runs), with the egress
+        forwarder's relay when `egress` (the policy binds its socket). Raises
         `KernelStartFailed` when the box refuses it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.stderr_log = StderrTail()
         try:
             theirs.set_inheritable(True)
             command = [*launcher, self.python, SANDBOX_SPAWNER, str(theirs.fileno())]
+            if egress:
+                command += ["--egress", SANDBOX_EGRESS_SOCKET]
             self.process = start_sandbox(
                 self.policy,
                 command,

@@ -4,8 +4,11 @@ A session's kernels share one sandbox: one set of namespaces, one /tmp, one view
 mounts. This process is what bwrap starts; it starts each kernel when the server asks, so a
 kernel added later lands in the same sandbox instead of a second one.
 
-Run as `python spawner.py FD`: FD is a SOCK_SEQPACKET socket whose other end only the server
-holds. Each message is one JSON object:
+Run as `python spawner.py FD [--egress SOCKET]`: FD is a SOCK_SEQPACKET socket whose other
+end only the server holds. With `--egress`, the egress forwarder's listeners (127.0.0.1:3128
+and :1080, see forwarder.py, bound beside this script) are bound before any kernel starts,
+and its relay to the unix socket SOCKET runs in a thread of this process: a process of its
+own would hold about 4.5 MiB more of every session's memory. Each message is one JSON object:
 
 - the server sends `{"spawn": ARGV, "id": N}` with one descriptor attached, the kernel's
   stderr; the answer is `{"pid": PID, "id": N}` (the kernel's pid in the sandbox) or
@@ -20,6 +23,7 @@ the server trusts nothing it answers beyond a pid it checks itself.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import selectors
@@ -27,12 +31,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]  # this script's folder: the kernels' imports must not see it
 
 MAX_MESSAGE = 64 * 1024
 MAX_FDS = 1
+FORWARDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forwarder.py")
+USAGE = "usage: spawner.py FD [--egress SOCKET]"
 
 
 def start(argv: list[str], stderr_fd: int) -> int:
@@ -119,11 +126,26 @@ def serve(control: socket.socket, started: set[int]) -> None:
             control.send(json.dumps(reply).encode())
 
 
+def start_egress(path: str) -> None:
+    """Bind the forwarder's listeners and relay what they accept to `path` in a thread
+    that ends with this process."""
+    spec = importlib.util.spec_from_file_location("corral_forwarder", FORWARDER)
+    if spec is None or spec.loader is None:
+        sys.exit(f"spawner: no forwarder at {FORWARDER}")
+    forwarder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(forwarder)
+    relay = forwarder.Relay(path, forwarder.listen_all())
+    threading.Thread(target=relay.run, name="egress-relay", daemon=True).start()
+
+
 def main() -> None:
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        sys.exit("usage: spawner.py FD")
-    control = socket.socket(fileno=int(sys.argv[1]))
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or not args[0].isdigit() or args[1:2] not in ([], ["--egress"]):
+        sys.exit(USAGE)
+    control = socket.socket(fileno=int(args[0]))
     control.set_inheritable(False)
+    if len(args) == 3:
+        start_egress(args[2])
     started: set[int] = set()
     try:
         serve(control, started)
