@@ -182,3 +182,21 @@ def test_an_event_of_a_connection_ended_earlier_in_the_same_turn_is_passed_over(
     assert not relay.links and link.client.fileno() == -1
     for sock in (client, listener, proxy):
         sock.close()
+
+
+def test_a_key_of_the_process_the_relay_runs_in_has_its_handler_called(
+    tmp_path: Path,
+) -> None:
+    """The spawner shares the relay's loop: its keys on the selector hold handlers."""
+    path = str(tmp_path / "egress.sock")
+    proxy = proxy_at(path)
+    listener = loopback_listener()
+    relay = Relay(path, {b"H": listener})
+    ours, theirs = socket.socketpair()
+    called: list[bytes] = []
+    relay.selector.register(ours, selectors.EVENT_READ, lambda: called.append(ours.recv(16)))
+    theirs.sendall(b"wake")
+    relay.turn(WAIT_S)
+    assert called == [b"wake"] and not relay.links
+    for sock in (ours, theirs, listener, proxy):
+        sock.close()

@@ -11,7 +11,7 @@ import signal
 import psutil
 
 from corral.kernels.results import MAX_TRACEBACK_CHARS
-from corral.sandbox.profile import SANDBOX_PYTHON_KERNEL
+from corral.sandbox import scripts
 from corral.service import Service
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -284,7 +284,7 @@ async def test_kernel_killed_from_outside_mid_execution(service: Service) -> Non
     await asyncio.sleep(1.0)
     kernel_pid = service.sessions.session("victim").kernels["python"].pid
     assert kernel_pid is not None
-    assert psutil.Process(kernel_pid).cmdline()[1:2] == [SANDBOX_PYTHON_KERNEL]
+    assert psutil.Process(kernel_pid).cmdline()[1:2] == [scripts.run_path("python_kernel.py")]
     os.kill(kernel_pid, signal.SIGKILL)
     result = await asyncio.wait_for(task, 20)
     assert result.status == "died"

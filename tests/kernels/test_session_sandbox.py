@@ -8,7 +8,6 @@ pid the spawner names and holds a pidfd to each kernel.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -23,7 +22,8 @@ import pytest
 
 from corral.kernels.sandbox import SessionSandbox, SpawnedProcess
 from corral.kernels.session import Session
-from corral.sandbox.profile import SANDBOX_PYTHON_KERNEL, SANDBOX_SPAWNER, SPAWNER
+from corral.sandbox import scripts
+from corral.sandbox.scripts import SPAWNER
 from corral.service import Service
 from tests.waiting import until
 
@@ -80,9 +80,9 @@ def role(pid: int) -> str:
     command = psutil.Process(pid).cmdline()
     if Path(command[0]).name == "bwrap":
         return "bwrap"
-    if SANDBOX_SPAWNER in command:
+    if scripts.run_path("spawner.py") in command:
         return "spawner"
-    if SANDBOX_PYTHON_KERNEL in command:
+    if scripts.run_path("python_kernel.py") in command:
         return "python kernel"
     return " ".join(command)
 
@@ -106,6 +106,21 @@ async def test_the_spawner_relays_egress_itself_so_a_sandbox_holds_no_other_proc
     assert sandbox.pid is not None
     roles = sorted(role(pid) for pid in tree(sandbox.pid))
     assert roles == ["bwrap", "bwrap", "python kernel", "spawner"]
+
+
+async def test_the_spawner_finds_the_forwarder_compiled_and_fresh(service: Service) -> None:
+    """Python uses a module's compiled form when its header names the source's size and
+    time; the host's is shown where Python looks, so no sandbox compiles the forwarder."""
+    await service.create_session("compiled")
+    check = (
+        "import importlib.util, os, struct\n"
+        f"source = {scripts.shown_at('forwarder.py')!r}\n"
+        "header = open(importlib.util.cache_from_source(source), 'rb').read(16)\n"
+        "st = os.stat(source)\n"
+        "print(header[:4] == importlib.util.MAGIC_NUMBER,\n"
+        "      struct.unpack('<III', header[4:]) == (0, int(st.st_mtime), st.st_size))"
+    )
+    assert await run(service, "compiled", check) == "True True\n"
 
 
 async def test_a_kernel_dropped_takes_what_it_started_and_leaves_its_sibling(
@@ -145,7 +160,9 @@ async def test_killing_the_spawner_from_inside_ends_the_sandbox_and_the_next_cal
     # finds the sandbox gone, so the python kernel is said to be restarted at its next call.
     await run(service, "spawner", "true", language="bash")
     spawner = [
-        p for p in tree(second.pid or 0) if psutil.Process(p).cmdline()[1:2] == [SANDBOX_SPAWNER]
+        p
+        for p in tree(second.pid or 0)
+        if psutil.Process(p).cmdline()[1:2] == [scripts.run_path("spawner.py")]
     ]
     assert len(spawner) == 1
     os.kill(spawner[0], signal.SIGKILL)
@@ -222,31 +239,35 @@ def spawner() -> Iterator[tuple[socket.socket, subprocess.Popen[bytes]]]:
         process.wait()
 
 
-def ask(control: socket.socket, message: bytes, fds: list[int]) -> dict[str, object]:
+def ask(control: socket.socket, message: bytes, fds: list[int]) -> list[str]:
+    """Send `message` with `fds`; the answer's number, kind and detail."""
     socket.send_fds(control, [message], fds)
-    answer = json.loads(control.recv(4096))
-    assert isinstance(answer, dict)
-    return answer
+    number, kind, detail = control.recv(4096).decode().split(" ", 2)
+    return [number, kind, detail]
+
+
+def request(number: int, *argv: str) -> bytes:
+    return "\0".join([str(number), *argv]).encode()
 
 
 def test_the_spawner_refuses_what_is_not_a_spawn_request(
     spawner: tuple[socket.socket, subprocess.Popen[bytes]],
 ) -> None:
+    """The first request is too long: the spawner answers it without having read one."""
     control, _ = spawner
     read_end, write_end = os.pipe()
     try:
-        assert "error" in ask(control, b"not json", [write_end])
-        assert "error" in ask(control, json.dumps({"spawn": "true"}).encode(), [write_end])
-        assert "error" in ask(control, json.dumps({"spawn": [1, 2]}).encode(), [write_end])
-        assert "error" in ask(control, json.dumps({"spawn": ["true"]}).encode(), [])
-        too_long = json.dumps({"spawn": ["x" * 70_000]}).encode()
-        assert "too long" in str(ask(control, too_long, [write_end]))
-        missing = ask(control, json.dumps({"spawn": ["/nonexistent/cmd"]}).encode(), [write_end])
-        assert "/nonexistent/cmd" in str(missing["error"])
-        started = ask(
-            control, json.dumps({"spawn": ["sleep", "30"], "id": 7}).encode(), [write_end]
-        )
-        assert isinstance(started["pid"], int) and started["id"] == 7  # the number echoed
+        too_long = ask(control, request(1, "x" * 70_000), [write_end])
+        assert too_long[:2] == ["1", "error"] and "too long" in too_long[2]
+        assert ask(control, b"", [write_end])[:2] == ["?", "error"]  # nothing at all
+        assert ask(control, b"no number", [write_end])[:2] == ["?", "error"]
+        assert ask(control, b"3", [write_end])[:2] == ["3", "error"]  # no command
+        assert ask(control, request(4, "", "x"), [write_end])[:2] == ["4", "error"]
+        assert ask(control, request(5, "true"), [])[:2] == ["5", "error"]  # no descriptor
+        missing = ask(control, request(6, "/nonexistent/cmd"), [write_end])
+        assert missing[:2] == ["6", "error"] and "/nonexistent/cmd" in missing[2]
+        number, kind, pid = ask(control, request(7, "sleep", "30"), [write_end])
+        assert (number, kind) == ("7", "pid") and pid.isdigit()  # the number echoed
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -259,13 +280,11 @@ def test_the_spawner_ends_what_it_started_when_the_server_end_closes(
     read_end, write_end = os.pipe()
     try:
         script = "import os, sys; os.write(2, b'up'); import time; time.sleep(60)"
-        started = ask(
-            control, json.dumps({"spawn": [sys.executable, "-c", script]}).encode(), [write_end]
-        )
+        number, kind, detail = ask(control, request(1, sys.executable, "-c", script), [write_end])
+        assert (number, kind) == ("1", "pid"), detail
+        pid = int(detail)
         os.close(write_end)
         write_end = -1
-        pid = started["pid"]
-        assert isinstance(pid, int)
         assert os.read(read_end, 2) == b"up"  # its stderr is the descriptor that was sent
         assert os.getpgid(pid) == pid  # a session of its own
         control.close()

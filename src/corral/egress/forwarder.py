@@ -2,8 +2,9 @@
 
 `Relay` moves every connection accepted on both ports to the unix socket SOCKET (one byte
 saying which port, then the bytes as they come). It parses nothing and decides nothing: all
-policy lives on the host. A session's sandbox runs it in a thread of its spawner
-(`spawner.py --egress SOCKET`). Other sandboxes (the browser's) run this file as
+policy lives on the host. A session's sandbox runs it in its spawner's loop
+(`spawner.py --egress SOCKET`: the spawner's keys on `Relay.selector` hold handlers, which
+`turn` calls). Other sandboxes (the browser's) run this file as
 `python forwarder.py SOCKET -- COMMAND...`: it binds both ports first, forks a child that
 relays, and execs COMMAND in the parent, so the command stays the sandbox's main process
 and the relay dies with it.
@@ -165,8 +166,10 @@ class Relay:
         for key, events in self.selector.select(max(0.0, min([timeout_s, *rest]))):
             if isinstance(key.data, bytes):
                 self.accept(key.fileobj, key.data)  # type: ignore[arg-type]
-            else:
+            elif isinstance(key.data, Link):
                 self.serve(key.data, key.fileobj, events)  # type: ignore[arg-type]
+            else:  # a key of the process the relay runs in (the spawner's): its handler
+                key.data()
         self.wake_rested()
         if time.monotonic() - self.looked >= LOOK_S:
             self.looked = time.monotonic()

@@ -25,13 +25,9 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from corral.errors import KernelStartFailed
 from corral.kernels.sandbox import SessionSandbox, SpawnedProcess
 from corral.kernels.stderr_tail import StderrTail
+from corral.sandbox import scripts
 from corral.sandbox.policy import SANDBOX_RUN_DIR
-from corral.sandbox.profile import (
-    BASH_KERNEL,
-    PYTHON_KERNEL,
-    SANDBOX_BASH_KERNEL,
-    SANDBOX_PYTHON_KERNEL,
-)
+from corral.sandbox.scripts import BASH_KERNEL, PYTHON_KERNEL
 
 PROVISIONER_NAME = "corral-sandbox"
 HOST_CONNECTION_FILE = "kernel.json"
@@ -40,10 +36,8 @@ SPAWN_REPLY_S = 10.0  # how long the spawner may take to say it started a kernel
 
 def kernel_spec(language: str, python: str, *, sandboxed: bool = True) -> KernelSpec:
     """The spec of a python or bash kernel run by `python` (a sandbox path when sandboxed)."""
-    if language == "python":
-        entry = [SANDBOX_PYTHON_KERNEL if sandboxed else str(PYTHON_KERNEL)]
-    else:
-        entry = [SANDBOX_BASH_KERNEL if sandboxed else str(BASH_KERNEL)]
+    script = PYTHON_KERNEL if language == "python" else BASH_KERNEL
+    entry = [scripts.run_path(script.name) if sandboxed else str(script)]
     spec = KernelSpec(
         argv=[python, *entry, "-f", "{connection_file}"],
         display_name=f"corral {language}",

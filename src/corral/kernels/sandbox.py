@@ -1,7 +1,7 @@
 """A session's one sandbox, and the kernels started inside it.
 
-`SessionSandbox` starts bwrap once per session run with the spawner (`spawner.py`, bound at
-`SANDBOX_SPAWNER`) as its command, behind the run's launchers (the agent bridge); with
+`SessionSandbox` starts bwrap once per session run with the spawner (`spawner.py`, shown at
+/opt/corral/bin) as its command, behind the run's launchers (the agent bridge); with
 egress, the spawner also runs the forwarder's relay. Each kernel is then started by asking
 the spawner over a socket pair whose sandbox end bwrap inherits: the kernels of one session
 share namespaces, /tmp, processes and the view of their mounts, and a kernel started later
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import select
@@ -31,11 +30,11 @@ from pathlib import Path
 from corral.errors import AdmissionFailed, KernelStartFailed
 from corral.fsafe import NotPrivate, private_dir
 from corral.kernels.stderr_tail import StderrTail
-from corral.sandbox import watchdog
+from corral.sandbox import scripts, watchdog
 from corral.sandbox.boxes import LimitBox
 from corral.sandbox.launch import start_sandbox
 from corral.sandbox.policy import SandboxPolicy
-from corral.sandbox.profile import SANDBOX_EGRESS_SOCKET, SANDBOX_SPAWNER
+from corral.sandbox.profile import SANDBOX_EGRESS_SOCKET
 from corral.sandbox.writers import ns_pid
 
 MAX_REPLY = 4096
@@ -66,7 +65,7 @@ class SessionSandbox:
         self.stderr_log = StderrTail()
         try:
             theirs.set_inheritable(True)
-            command = [*launcher, self.python, SANDBOX_SPAWNER, str(theirs.fileno())]
+            command = [*launcher, self.python, scripts.run_path("spawner.py"), str(theirs.fileno())]
             if egress:
                 command += ["--egress", SANDBOX_EGRESS_SOCKET]
             self.process = start_sandbox(
@@ -99,22 +98,23 @@ class SessionSandbox:
         `KernelStartFailed` when the spawner refuses, does not answer, or names no process
         of this sandbox."""
         async with self._asking:
-            reply = await asyncio.wait_for(self._ask(argv, stderr_fd), timeout_s)
-        if not isinstance(reply, dict) or not isinstance(reply.get("pid"), int):
-            error = reply.get("error") if isinstance(reply, dict) else None
-            raise KernelStartFailed(f"the sandbox could not start {argv[-3:]}: {error or reply}")
-        host_pid = await self._find(reply["pid"])
+            kind, detail = await asyncio.wait_for(self._ask(argv, stderr_fd), timeout_s)
+        if kind != "pid" or not detail.isdigit():
+            raise KernelStartFailed(f"the sandbox could not start {argv[-3:]}: {detail}")
+        host_pid = await self._find(int(detail))
         return SpawnedProcess(host_pid)
 
-    async def _ask(self, argv: list[str], stderr_fd: int) -> object:
+    async def _ask(self, argv: list[str], stderr_fd: int) -> tuple[str, str]:
+        """Send one spawn request; the answer's kind (`pid` or `error`) and the rest."""
         control = self._control
         if control is None or not self.alive():
             raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
+        if any("\0" in arg for arg in argv):
+            raise KernelStartFailed(f"an argument holds a NUL character: {argv!r}")
         loop = asyncio.get_running_loop()
         self._requests += 1
-        number = self._requests
-        message = json.dumps({"spawn": argv, "id": number}).encode()
-        socket.send_fds(control, [message], [stderr_fd])
+        number = str(self._requests)
+        socket.send_fds(control, ["\0".join([number, *argv]).encode()], [stderr_fd])
         while True:  # an answer to an earlier request given up on is passed over
             try:
                 reply = await loop.sock_recv(control, MAX_REPLY)
@@ -122,12 +122,10 @@ class SessionSandbox:
                 raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}") from exc
             if not reply:
                 raise KernelStartFailed(f"the sandbox has ended: {self.stderr_tail()}")
-            try:
-                answer = json.loads(reply)
-            except ValueError:
-                return None
-            if not isinstance(answer, dict) or answer.get("id") == number:
-                return answer
+            echoed, _, rest = reply.decode("utf-8", "replace").partition(" ")
+            if echoed in (number, "?"):
+                kind, _, detail = rest.partition(" ")
+                return kind, detail
 
     async def _find(self, inner_pid: int) -> int:
         """The host pid of the sandbox process whose pid inside is `inner_pid`."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral.config import Settings
+from corral.sandbox import scripts
 from corral.sandbox.boxes import LimitBox, make_box, sweep_stale_v1
 from corral.sandbox.bwrap import find_bwrap
 from corral.sandbox.fontcache import FontCache
@@ -66,6 +67,7 @@ class SandboxHost:
         if self.mechanism.name == "cgroup1" and self.mechanism.path is not None:
             await asyncio.to_thread(sweep_stale_v1, self.mechanism.path)
         write_identity_files(self.identity_dir)
+        await asyncio.to_thread(scripts.compile_all)
         await self.fonts.find_kept()
 
     def close(self) -> None:

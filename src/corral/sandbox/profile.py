@@ -13,6 +13,7 @@ from pathlib import Path
 
 from corral.config import Settings
 from corral.egress import forwarder as forwarder_module
+from corral.sandbox import scripts
 from corral.sandbox.policy import (
     SANDBOX_GID,
     SANDBOX_HOME,
@@ -102,9 +103,7 @@ def default_policy(
         binds=(
             Bind(paths.workspace, WORKSPACE, writable=True),
             Bind(paths.env, SANDBOX_ENV, writable=True),
-            Bind(PYTHON_KERNEL, SANDBOX_PYTHON_KERNEL),
-            Bind(BASH_KERNEL, SANDBOX_BASH_KERNEL),
-            Bind(SPAWNER, SANDBOX_SPAWNER),
+            *scripts.binds(("python_kernel.py", "bash_entry.py", "spawner.py")),
             *_egress_binds(egress_socket),
             *extra_binds,
         ),
@@ -125,13 +124,13 @@ def _egress_binds(egress_socket: Path | None) -> tuple[Bind, ...]:
         raise ValueError(f"the egress socket must be named {EGRESS_SOCKET_NAME}: {egress_socket}")
     return (
         Bind(egress_socket.parent, SANDBOX_EGRESS_DIR),
-        Bind(FORWARDER, SANDBOX_FORWARDER),
+        *scripts.binds(("forwarder.py",)),
     )
 
 
 def egress_launcher(runtime: PythonRuntime) -> list[str]:
     """The command prefix that starts the forwarder before the kernel (see forwarder.py)."""
-    return [runtime.sandbox_python, SANDBOX_FORWARDER, SANDBOX_EGRESS_SOCKET, "--"]
+    return [runtime.sandbox_python, scripts.run_path("forwarder.py"), SANDBOX_EGRESS_SOCKET, "--"]
 
 
 # coderunner keeps its files in /app/uploads; its prompts and scripts name that path.
@@ -139,14 +138,6 @@ CODERUNNER_UPLOADS = "/app/uploads"
 EGRESS_SOCKET_NAME = "egress.sock"
 SANDBOX_EGRESS_DIR = "/run/corral-egress"
 SANDBOX_EGRESS_SOCKET = f"{SANDBOX_EGRESS_DIR}/{EGRESS_SOCKET_NAME}"
-SANDBOX_FORWARDER = "/opt/corral/bin/forwarder.py"
-SANDBOX_PYTHON_KERNEL = "/opt/corral/bin/python_kernel.py"
-PYTHON_KERNEL = Path(__file__).resolve().parent.parent / "kernels" / "python_kernel.py"
-SANDBOX_BASH_KERNEL = "/opt/corral/bin/bash_entry.py"
-BASH_KERNEL = PYTHON_KERNEL.with_name("bash_entry.py")
-SANDBOX_SPAWNER = "/opt/corral/bin/spawner.py"
-SPAWNER = PYTHON_KERNEL.with_name("spawner.py")
-FORWARDER = Path(forwarder_module.__file__).resolve()
 _HTTP_PROXY = f"http://127.0.0.1:{forwarder_module.HTTP_PORT}"
 _SOCKS_PROXY = f"socks5h://127.0.0.1:{forwarder_module.SOCKS_PORT}"
 _NO_PROXY = "localhost,127.0.0.1,::1"
