@@ -9,6 +9,7 @@ import os
 import signal
 
 import psutil
+import pytest
 
 from corral.kernels.results import MAX_TRACEBACK_CHARS
 from corral.sandbox import scripts
@@ -117,6 +118,33 @@ async def test_a_fresh_kernel_has_not_loaded_jupyter_clients_client_side(
     assert result.results == [{"text/plain": "[]"}], result.text()
 
 
+PDB_IS_IPYTHONS = (
+    "import IPython.core.debugger as debugger\n"
+    "(pdb.Pdb is debugger.Pdb is debugger.InterruptiblePdb, pdb.set_trace is debugger.set_trace)"
+)
+
+
+@pytest.mark.parametrize(
+    ("session_id", "first"),
+    [("pdb-first", "import pdb"), ("debugger-first", "from IPython.core import debugger")],
+)
+async def test_pdb_is_ipythons_interruptible_debugger_once_imported(
+    sandbox: Service, session_id: str, first: str
+) -> None:
+    """ipykernel's change to pdb is made when pdb is first imported, not at start, in
+    whichever order pdb and IPython's debugger load."""
+    await sandbox.create_session(session_id)
+    before = await sandbox.executions.run(
+        "import sys\n'pdb' in sys.modules, 'IPython.core.debugger' in sys.modules",
+        session_id=session_id,
+    )
+    assert before.results == [{"text/plain": "(False, False)"}], before.text()
+    result = await sandbox.executions.run(
+        f"{first}\nimport pdb\n{PDB_IS_IPYTHONS}", session_id=session_id
+    )
+    assert result.results == [{"text/plain": "(True, True)"}], result.text()
+
+
 async def test_bash_kernel_shares_the_workspace(sandbox: Service) -> None:
     await sandbox.executions.run(
         "open('/workspace/from_py.txt', 'w').write('hi')", session_id="probe"
@@ -139,6 +167,16 @@ async def test_coderunners_upload_folder_is_the_workspace(sandbox: Service) -> N
     assert shell.stdout.split() == ["p", "/workspace"], shell.text()
     back = await sandbox.executions.run("open('/workspace/from-bash.txt').read()")
     assert back.results == [{"text/plain": "'x\\n'"}]
+
+
+async def test_a_pipe_whose_reader_left_ends_its_writer_by_sigpipe(sandbox: Service) -> None:
+    """Pipes in the bash kernel behave as in a terminal: `yes` ends by SIGPIPE (141), without
+    an error (a shell started with SIGPIPE ignored could never take it back)."""
+    result = await sandbox.executions.run(
+        "yes | head -n 1; echo ${PIPESTATUS[0]}", session_id="probe", language="bash"
+    )
+    assert result.status == "ok" and result.stdout == "y\n141\n", result.text()
+    assert "Broken pipe" not in result.text()
 
 
 async def test_bash_failure_is_an_error_result(sandbox: Service) -> None:

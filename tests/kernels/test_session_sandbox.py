@@ -299,6 +299,24 @@ def test_the_spawner_ends_what_it_started_when_the_server_end_closes(
             os.close(write_end)
 
 
+def test_a_kernel_starts_with_the_signals_python_ignores_as_the_default(
+    spawner: tuple[socket.socket, subprocess.Popen[bytes]],
+) -> None:
+    """The spawner is Python, which ignores SIGPIPE and SIGXFSZ; what it starts does not."""
+    control, _ = spawner
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end) as stderr:
+        try:
+            script = "grep SigIgn /proc/self/status >&2"
+            number, kind, detail = ask(control, request(1, "/bin/sh", "-c", script), [write_end])
+            assert (number, kind) == ("1", "pid"), detail
+        finally:
+            os.close(write_end)
+        ignored = int(stderr.read().split()[1], 16)  # read to the end: the shell exited
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (signum - 1)), signal.Signals(signum).name
+
+
 def test_a_kernel_is_watched_whatever_its_descriptor_number() -> None:
     """Found by `make bench`'s fleet: a busy server's pidfds are numbered past 1024, where
     select() refuses them."""

@@ -18,11 +18,16 @@ every session and every call would pay for:
   thread, and ipykernel flushes printed text before every result, display and status.
 - a half-millisecond sleep after every execution, and debug log records built for a handler
   that drops them.
+- imports an idle kernel never uses: jupyter_client's client side (see
+  `_defer_jupyter_clients_package`) and pdb with IPython's debugger, which ipykernel imports
+  at start to make pdb interruptible (done when pdb is first imported instead, see
+  `_InterruptiblePdbOnImport`): about 2 MiB of every idle kernel together.
 
 `tests/kernels/test_output_order.py` holds the order of what a cell sends.
 """
 
 import importlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -179,10 +184,56 @@ def _flush_holding_socket(stream: iostream.OutStream) -> None:
         _stream_flush(stream)  # type: ignore[no-untyped-call]
 
 
+class _InterruptiblePdbOnImport:
+    """ipykernel's `init_pdb`, done when pdb is first imported instead of at start.
+
+    ipykernel makes `pdb.set_trace` and `pdb.Pdb` IPython's interruptible debugger at
+    start, importing pdb, bdb, cmd and IPython's debugger (0.35 MiB of an idle kernel)
+    that an agent seldom uses. This finder, first on `sys.meta_path`, lets pdb and IPython's
+    debugger load as usual and makes the same change once both have (whichever comes
+    first imports the other), before the code that imported them goes on.
+    """
+
+    MODULES = ("pdb", "IPython.core.debugger")
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            loader: Any = spec.loader
+            run = loader.exec_module
+
+            def run_then_patch(module: Any) -> None:
+                run(module)
+                self.patch()
+
+            loader.exec_module = run_then_patch
+        return spec
+
+    def patch(self) -> None:
+        """ipykernel's change, once pdb and IPython's debugger have both loaded whole."""
+        pdb: Any = sys.modules.get("pdb")
+        debugger: Any = sys.modules.get("IPython.core.debugger")
+        if pdb is None or (debugger is not None and not hasattr(debugger, "set_trace")):
+            return  # one of them is still being run: done when it ends
+        if debugger is None:
+            importlib.import_module("IPython.core.debugger")  # patched when it ends
+            return
+        if hasattr(debugger, "InterruptiblePdb"):
+            debugger.Pdb = debugger.InterruptiblePdb
+            pdb.Pdb = debugger.Pdb
+            pdb.set_trace = debugger.set_trace
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
 def main() -> None:
     iostream.OutStream.flush = _flush_if_written  # type: ignore[method-assign]
     iostream.OutStream._flush = _flush_holding_socket  # type: ignore[method-assign]
     kernelapp.IOPubThread = _DirectIOPub  # type: ignore[attr-defined]
+    IPKernelApp.init_pdb = lambda self: None  # type: ignore[method-assign]
+    sys.meta_path.insert(0, _InterruptiblePdbOnImport())
     config = Config()
     config.HistoryManager.enabled = False
     sys.modules["debugpy"] = None  # type: ignore[assignment]  # the debugger stays off

@@ -68,6 +68,9 @@ def start(argv: list[str], stderr_fd: int) -> int:
         # its own group, in the sandbox's one session: not a session leader, so it
         # cannot take a terminal as its controlling one
         setpgroup=0,
+        # what Python ignores, as subprocess restores it: a shell started with SIGPIPE
+        # ignored could never take it back, and `yes | head` would fail with EPIPE
+        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
     )
 
 
