@@ -4,6 +4,7 @@ cannot write one shows and runs the source alone."""
 
 from __future__ import annotations
 
+import py_compile
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,7 +54,7 @@ def test_a_compiled_script_names_its_path_inside_in_tracebacks(probe: Path) -> N
 def test_a_source_changed_since_it_was_compiled_is_compiled_again(probe: Path) -> None:
     scripts.compile_all()
     probe.write_text("print('second, and longer')\n")
-    assert not scripts._compiled_from(compiled_of(probe), probe)
+    assert not scripts._compiled_from(compiled_of(probe), probe, "/opt/corral/bin/" + NAME)
     scripts.compile_all()
     assert scripts.run_path(NAME).endswith(".pyc")
     ran = subprocess.run([sys.executable, compiled_of(probe)], capture_output=True, text=True)
@@ -75,4 +76,23 @@ def test_a_compiled_form_of_another_python_is_not_taken_for_fresh(probe: Path) -
     data = bytearray(compiled.read_bytes())
     data[0] ^= 0xFF  # another interpreter's magic number
     compiled.write_bytes(bytes(data))
-    assert not scripts._compiled_from(compiled, probe)
+    assert not scripts._compiled_from(compiled, probe, "/opt/corral/bin/" + NAME)
+
+
+def test_a_compiled_form_naming_the_hosts_path_is_compiled_again(probe: Path) -> None:
+    """pip and the host's own imports compile under the host's path; inside, tracebacks
+    would show no source and the sandbox would learn where corral is installed."""
+    compiled = compiled_of(probe)
+    py_compile.compile(str(probe), cfile=str(compiled), doraise=True)  # as an import would
+    scripts.compile_all()
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import marshal; print(marshal.loads(open({str(compiled)!r}, 'rb')"
+            ".read()[16:]).co_filename)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert ran.stdout.strip() == "/opt/corral/bin/" + NAME

@@ -9,16 +9,20 @@ the script's path inside as the file its tracebacks show (the source is shown th
 A sandbox is shown the compiled form where Python looks for it, and `run_path` runs it;
 the forwarder, which the spawner imports, is found there by Python itself, which checks
 the source's size and time against the compiled form's header and compiles the source
-when they differ. Where the host has no fresh compiled form (an install nobody may write,
-say), a sandbox is shown the source alone and runs it, as before.
+when they differ. A compiled form made under the host's path (by pip, or by the host
+importing the forwarder) is compiled again. Where the host has no fresh compiled form of
+its own (an install nobody may write, say), a sandbox is shown the source alone and runs
+it, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import marshal
 import py_compile
 import struct
+import types
 from pathlib import Path
 
 from corral.sandbox.policy import Bind
@@ -40,7 +44,7 @@ def compile_all() -> None:
     for name, source in SOURCES.items():
         compiled = _compiled(source)
         with contextlib.suppress(OSError, py_compile.PyCompileError):
-            if not _compiled_from(compiled, source):
+            if not _compiled_from(compiled, source, shown_at(name)):
                 py_compile.compile(
                     str(source),
                     cfile=str(compiled),
@@ -48,7 +52,7 @@ def compile_all() -> None:
                     doraise=True,
                     invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP,
                 )
-        _fresh[name] = _compiled_from(compiled, source)
+        _fresh[name] = _compiled_from(compiled, source, shown_at(name))
 
 
 def binds(names: tuple[str, ...]) -> tuple[Bind, ...]:
@@ -73,7 +77,7 @@ def shown_at(name: str) -> str:
 
 def _is_fresh(name: str) -> bool:
     if name not in _fresh:  # no server prepared in this process: look, never write
-        _fresh[name] = _compiled_from(_compiled(SOURCES[name]), SOURCES[name])
+        _fresh[name] = _compiled_from(_compiled(SOURCES[name]), SOURCES[name], shown_at(name))
     return _fresh[name]
 
 
@@ -85,14 +89,21 @@ def _compiled_at(name: str) -> str:
     return importlib.util.cache_from_source(shown_at(name))
 
 
-def _compiled_from(compiled: Path, source: Path) -> bool:
-    """Whether `compiled` holds this Python's code of `source` as it is now: its header
-    names the source's time and size, as Python checks before using it."""
+def _compiled_from(compiled: Path, source: Path, shown: str) -> bool:
+    """Whether `compiled` holds this Python's code of `source` as it is now (its header
+    names the source's time and size, as Python checks before using it), compiled under
+    its name inside, `shown` (one compiled on the host, by pip or an import, names the
+    host's path: tracebacks inside would show no source, and the sandbox would learn it)."""
     try:
-        with compiled.open("rb") as file:
-            header = file.read(16)
+        data = compiled.read_bytes()
         stat = source.stat()
     except OSError:
         return False
     expected = struct.pack("<III", 0, int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF)
-    return header[:4] == importlib.util.MAGIC_NUMBER and header[4:] == expected
+    if data[:4] != importlib.util.MAGIC_NUMBER or data[4:16] != expected:
+        return False
+    try:
+        code = marshal.loads(data[16:])  # noqa: S302 - corral's own package, trusted as its code is
+    except (EOFError, ValueError, TypeError):
+        return False
+    return isinstance(code, types.CodeType) and code.co_filename == shown
