@@ -1,8 +1,8 @@
 """Memory per session: idle and busy, one kernel at a time, and a fleet of idle sessions.
 
 Every figure is summed over a kernel's whole process tree (`bench.memory.tree_memory`): for
-corral the outer bwrap and its descendants (bwrap's child, the spawner, the kernel and the egress
-forwarder's relay), for the baseline the kernel process. Only one side's kernels run while
+corral the outer bwrap and its descendants (bwrap's child, the spawner, which also relays egress,
+and the kernel), for the baseline the kernel process. Only one side's kernels run while
 their memory is read, so shared pages are divided among the same kinds of processes.
 """
 

@@ -1,7 +1,7 @@
 """Corral's side: a `SessionManager` on throw-away state, and sessions that clean up.
 
-The manager is the one a `Service` owns, as in `corral serve`: every sandbox runs the egress
-forwarder beside its kernel and has a proxy socket on the host.
+The manager is the one a `Service` owns, as in `corral serve`: every sandbox's spawner relays
+egress for its kernels (the forwarder) and has a proxy socket on the host.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ async def corral_session(manager: SessionManager) -> AsyncIterator[str]:
 
 def sandbox_pid(manager: SessionManager, session_id: str) -> int:
     """The host pid of the outer bwrap process of the session's sandbox, which holds its
-    python kernel (with the spawner that started it, and the egress forwarder if any).
+    python kernel (with the spawner that started it, which also relays egress).
 
     Raises `RuntimeError` when the session has no running python kernel.
     """
