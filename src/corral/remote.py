@@ -93,18 +93,18 @@ class Remote:
 
     def run_once(self, code: str, language: str, timeout_s: float | None) -> ExecutionResult:
         """`corral run` beside a server: a throw-away session there, deleted afterwards."""
-        session = {"id": self.invoke(rest.create_session, body={})["id"]}
+        session = {"id": self.invoke(rest.sessions.create_session, body={})["id"]}
         try:
             body = {"code": code, "language": language, "timeout_s": timeout_s}
-            answer = self.invoke(rest.execute_in_session, session, body, timeout_s=None)
+            answer = self.invoke(rest.executions.execute_in_session, session, body, timeout_s=None)
         finally:
-            self.invoke(rest.delete_session, session)
+            self.invoke(rest.sessions.delete_session, session)
         return _result_from(answer)
 
     def fetch_page(self, url: str, screenshot: bool, timeout_s: float | None) -> PageResult:
         """`corral fetch` beside a server: its browser, under its browsing policy."""
         body = {"url": url, "screenshot": screenshot, "timeout_s": timeout_s}
-        return _page_from(self.invoke(rest.browser_fetch, body=body, timeout_s=None))
+        return _page_from(self.invoke(rest.browser.browser_fetch, body=body, timeout_s=None))
 
 
 def connect(settings: Settings, url: str | None = None, *, role: Role = Role.ADMIN) -> Remote:

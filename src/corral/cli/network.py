@@ -24,14 +24,16 @@ def bridge() -> None:
 @click.argument("session_id")
 def bridge_enable(session_id: str) -> None:
     """Let SESSION use this server's SSH agent through the bridge (keys stay on the host)."""
-    _print_bridge(as_admin(rest.admin_set_bridge, {"id": session_id}, {"ssh_agent": True}))
+    _print_bridge(as_admin(rest.operator.admin_set_bridge, {"id": session_id}, {"ssh_agent": True}))
 
 
 @bridge.command("disable")
 @click.argument("session_id")
 def bridge_disable(session_id: str) -> None:
     """Turn SESSION's bridge off."""
-    _print_bridge(as_admin(rest.admin_set_bridge, {"id": session_id}, {"ssh_agent": False}))
+    _print_bridge(
+        as_admin(rest.operator.admin_set_bridge, {"id": session_id}, {"ssh_agent": False})
+    )
 
 
 def _print_bridge(report: dict[str, Any]) -> None:
@@ -50,7 +52,7 @@ def net() -> None:
 @click.argument("session_id")
 def net_show(session_id: str) -> None:
     """Print the session's mode, allowlist and proxy counters."""
-    _print_policy(as_admin(rest.admin_get_network, {"id": session_id}))
+    _print_policy(as_admin(rest.network.admin_get_network, {"id": session_id}))
 
 
 @net.command("allow")
@@ -59,7 +61,9 @@ def net_show(session_id: str) -> None:
 def net_allow(session_id: str, hosts: tuple[str, ...]) -> None:
     """Allow HOSTS (domain, *.domain, host:port, IP, CIDR or a preset: pypi, npm, github,
     huggingface). A session with no network becomes an allowlist."""
-    _print_policy(as_admin(rest.admin_allow_network, {"id": session_id}, {"hosts": list(hosts)}))
+    _print_policy(
+        as_admin(rest.network.admin_allow_network, {"id": session_id}, {"hosts": list(hosts)})
+    )
 
 
 @net.command("deny")
@@ -67,7 +71,9 @@ def net_allow(session_id: str, hosts: tuple[str, ...]) -> None:
 @click.argument("hosts", nargs=-1, required=True)
 def net_deny(session_id: str, hosts: tuple[str, ...]) -> None:
     """Remove HOSTS from the allowlist; open tunnels to them are closed at once."""
-    _print_policy(as_admin(rest.admin_deny_network, {"id": session_id}, {"hosts": list(hosts)}))
+    _print_policy(
+        as_admin(rest.network.admin_deny_network, {"id": session_id}, {"hosts": list(hosts)})
+    )
 
 
 @net.command("set")
@@ -77,7 +83,9 @@ def net_deny(session_id: str, hosts: tuple[str, ...]) -> None:
 def net_set(session_id: str, mode: str, hosts: tuple[str, ...]) -> None:
     """Replace the policy: MODE and, for an allowlist, its HOSTS."""
     _print_policy(
-        as_admin(rest.admin_set_network, {"id": session_id}, {"mode": mode, "allow": list(hosts)})
+        as_admin(
+            rest.network.admin_set_network, {"id": session_id}, {"mode": mode, "allow": list(hosts)}
+        )
     )
 
 
@@ -86,7 +94,7 @@ def net_set(session_id: str, mode: str, hosts: tuple[str, ...]) -> None:
 def net_requests(show_all: bool) -> None:
     """Agents' requests for access (pending ones unless --all)."""
     query = {"status": None if show_all else "pending"}
-    found = as_admin(rest.admin_network_requests, query=query)["requests"]
+    found = as_admin(rest.network.admin_network_requests, query=query)["requests"]
     table = Table(title="network requests")
     for column in ("id", "session", "hosts", "reason", "status"):
         table.add_column(column)
@@ -105,7 +113,7 @@ def net_requests(show_all: bool) -> None:
 @click.argument("request_id", type=int)
 def net_approve(request_id: int) -> None:
     """Approve a request: its hosts join the session's allowlist."""
-    decided = as_admin(rest.admin_approve_request, {"rid": request_id})
+    decided = as_admin(rest.network.admin_approve_request, {"rid": request_id})
     click.echo(f"request {decided['id']}: {decided['status']} ({' '.join(decided['hosts'])})")
 
 
@@ -113,7 +121,7 @@ def net_approve(request_id: int) -> None:
 @click.argument("request_id", type=int)
 def net_reject(request_id: int) -> None:
     """Reject a request."""
-    decided = as_admin(rest.admin_reject_request, {"rid": request_id})
+    decided = as_admin(rest.network.admin_reject_request, {"rid": request_id})
     click.echo(f"request {decided['id']}: {decided['status']}")
 
 

@@ -36,7 +36,7 @@ def sessions_list(as_json: bool) -> None:
     (read without opening a service)."""
     remote = running_server()
     if remote is not None:
-        rows = guarded(lambda: remote.invoke(rest.list_sessions))["sessions"]
+        rows = guarded(lambda: remote.invoke(rest.sessions.list_sessions))["sessions"]
         where = remote.url
     else:
         rows = offline.stored_sessions(current_settings())
@@ -56,7 +56,7 @@ def sessions_list(as_json: bool) -> None:
 @click.argument("session_id")
 def sessions_stop(session_id: str) -> None:
     """Stop a session's kernels on the running server; its workspace and packages stay."""
-    info = as_admin(rest.admin_stop_session, {"id": session_id})
+    info = as_admin(rest.operator.admin_stop_session, {"id": session_id})
     click.echo(f"{info['id']}: {info['state']}")
 
 
@@ -95,7 +95,7 @@ def audit(
     remote = running_server()
     if remote is not None:
         params = {**query, "limit": limit}
-        page = guarded(lambda: remote.invoke(rest.admin_audit, query=params))
+        page = guarded(lambda: remote.invoke(rest.operator.admin_audit, query=params))
     else:
         page = guarded(lambda: offline.audit_page(current_settings(), limit=limit, **query))
     if as_json:
@@ -130,7 +130,7 @@ def limits() -> None:
 @click.argument("session_id")
 def limits_show(session_id: str) -> None:
     """The session's limits, what enforces each one, and its usage."""
-    _print_limits(as_admin(rest.admin_get_limits, {"id": session_id}))
+    _print_limits(as_admin(rest.operator.admin_get_limits, {"id": session_id}))
 
 
 LIMIT_OPTIONS = {
@@ -162,7 +162,7 @@ def limits_set(session_id: str, **values: Any) -> None:
     changes = {LIMIT_OPTIONS[k]: v for k, v in values.items() if v is not None}
     if not changes:
         raise click.UsageError("name at least one limit to change, e.g. --memory 1G")
-    report = as_admin(rest.admin_set_limits, {"id": session_id}, changes)
+    report = as_admin(rest.operator.admin_set_limits, {"id": session_id}, changes)
     _print_limits(report)
     if report.get("changed_at_next_start"):
         click.echo(f"from the next start: {', '.join(report['changed_at_next_start'])}")

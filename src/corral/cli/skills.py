@@ -38,7 +38,7 @@ def skills_list() -> None:
     server's listing, else read here."""
     remote = running_server()
     if remote is not None:
-        listed = guarded(lambda: remote.invoke(rest.list_skills))
+        listed = guarded(lambda: remote.invoke(rest.skills.list_skills))
         click.echo(skills_text(SkillList.model_validate(listed)))
     else:
         click.echo(skills_text(offline.skill_listing(current_settings())))

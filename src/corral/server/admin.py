@@ -1,5 +1,5 @@
-"""Admin routes the operator's CLI needs besides those in `rest.py`: delete any session, and
-add a skill archive. The guard lets only the admin token reach `/v1/admin/`.
+"""Admin routes the operator's CLI needs besides those in `corral.server.rest`: delete any
+session, and add a skill archive. The guard lets only the admin token reach `/v1/admin/`.
 
 The CLI never opens a second service on the state; these routes are how `corral sessions
 delete` and `corral skills add` reach the one the server owns. Errors are mapped at the app's

@@ -18,7 +18,7 @@ from corral import __version__
 from corral.server import compat
 from corral.server import schemas as s
 from corral.server.operation import Operation
-from corral.server.rest import EXECUTION_ID_PATTERN
+from corral.server.rest.executions import EXECUTION_ID_PATTERN
 from corral.server.routes import OPERATIONS
 
 JSON = "application/json"

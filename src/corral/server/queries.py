@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from corral.audit import KINDS, MAX_QUERY_LIMIT
+from corral.errors import InvalidInput
 from corral.server.patterns import SESSION_ID
 
 ARCHIVE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,123}\.zip")
@@ -115,3 +116,13 @@ class CompatStopQuery(BaseModel):
     """coderunner's DELETE: its clients may send `session_id` in the body instead."""
 
     session_id: SessionId
+
+
+def int_param(raw: str | None, default: int) -> int:
+    """A path parameter or header that must be a whole number; `default` when absent."""
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"{raw!r} is not a whole number") from exc

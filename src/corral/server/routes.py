@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from corral.server import admin, compat, meta, rest
+from corral.server import admin, compat, meta
 from corral.server.operation import Handler, Operation
+from corral.server.rest import AREAS
 
 OPERATIONS: tuple[Operation, ...] = (
     *meta.api.operations,
     *compat.api.operations,
-    *rest.api.operations,
+    *(op for area in AREAS for op in area.api.operations),
     *admin.api.operations,
 )
 
