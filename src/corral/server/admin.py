@@ -49,6 +49,3 @@ async def add_skill(request: Request, query: SkillArchiveQuery) -> Response:
     SKILL.md sits at the archive's root. Unpacked with every check of `unpack_skill_zip`."""
     added = await service_of(request).skills.add(query.name, await request.body())
     return JSONResponse(SkillAdded(name=added.name, path=str(added)).model_dump(), status_code=201)
-
-
-ROUTES = api.routes()

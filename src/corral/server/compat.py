@@ -263,6 +263,5 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-ROUTES = api.routes()
 # Every path coderunner serves: its REST routes, its health check and its MCP endpoint.
 PATHS = frozenset({op.path for op in api.operations} | {"/health", "/mcp"})
