@@ -188,15 +188,13 @@ def test_a_key_of_the_process_the_relay_runs_in_has_its_handler_called(
     tmp_path: Path,
 ) -> None:
     """The spawner shares the relay's loop: its keys on the selector hold handlers."""
-    path = str(tmp_path / "egress.sock")
-    proxy = proxy_at(path)
     listener = loopback_listener()
-    relay = Relay(path, {b"H": listener})
+    relay = Relay(str(tmp_path / "egress.sock"), {b"H": listener})
     ours, theirs = socket.socketpair()
     called: list[bytes] = []
     relay.selector.register(ours, selectors.EVENT_READ, lambda: called.append(ours.recv(16)))
     theirs.sendall(b"wake")
     relay.turn(WAIT_S)
     assert called == [b"wake"] and not relay.links
-    for sock in (ours, theirs, listener, proxy):
+    for sock in (ours, theirs, listener):
         sock.close()

@@ -34,26 +34,25 @@ def slots(server: Served) -> int:
         return 0
 
 
-def running(server: Served, word: str) -> int:
-    """How many of the server's sandbox processes have `word` in their command line."""
+def counted(server: Served, matches: Callable[[list[str]], bool]) -> int:
+    """How many of the server's sandbox processes have a command line that `matches`."""
     count = 0
     for proc in server.sandboxes():
         try:
-            count += any(word in arg for arg in proc.cmdline())
+            count += matches(proc.cmdline())
         except psutil.Error:
             continue
     return count
 
 
+def running(server: Served, word: str) -> int:
+    """How many of the server's sandbox processes have `word` in their command line."""
+    return counted(server, lambda command: any(word in arg for arg in command))
+
+
 def past_gate(server: Served) -> int:
     """How many of the server's sandboxes run bwrap (their gate let them through)."""
-    count = 0
-    for proc in server.sandboxes():
-        try:
-            count += Path(proc.cmdline()[0]).name == "bwrap"
-        except (psutil.Error, IndexError):
-            continue
-    return count
+    return counted(server, lambda command: bool(command) and Path(command[0]).name == "bwrap")
 
 
 MOMENTS: list[tuple[str, Callable[[Served], bool]]] = [

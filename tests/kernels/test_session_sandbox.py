@@ -91,7 +91,7 @@ async def test_the_spawner_relays_egress_itself_so_a_sandbox_holds_no_other_proc
     service: Service,
 ) -> None:
     """The forwarder's ports answer the first kernel, and no process of the sandbox is there
-    for them: the relay is a thread of the spawner (a process of its own held 4.5 MiB)."""
+    for them: the relay runs in the spawner's loop (a process of its own held 4.5 MiB)."""
     await service.create_session("lean")
     reached = await run(
         service,
