@@ -85,6 +85,7 @@ class Settings:
     pool_idle_s: float = 900.0  # empty the pool when no session was started for this long
     # No refill starts this soon after a session took a kernel: its first code goes first.
     pool_refill_pause_s: float = 0.25
+    ui_login_ttl_s: float = 28800.0  # how long a dashboard login lasts (8 h)
     font_list_build: bool = True  # build matplotlib's font list once, for every new session
     # Parsed from the fields above at construction; never set directly.
     limits: Limits = field(init=False, repr=False, compare=False)

@@ -8,8 +8,12 @@ CLI reads.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from corral.kernels.session import Session
 from corral.sandbox.limits import LIVE_LIMITS, Limits, best_effort, enforcement
@@ -21,6 +25,7 @@ class LimitsUsage:
 
     memory_bytes: int
     tasks: int
+    cpu_seconds: float  # CPU time (user and system) of the processes running now
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,11 @@ def limits_report(session: Session, mechanism: str) -> LimitsReport:
     usage = None
     if box is not None:
         current = box.usage()
-        usage = LimitsUsage(memory_bytes=current.memory_bytes, tasks=current.tasks)
+        usage = LimitsUsage(
+            memory_bytes=current.memory_bytes,
+            tasks=current.tasks,
+            cpu_seconds=cpu_seconds(box.processes()),
+        )
     return LimitsReport(
         session_id=session.id,
         limits=session.limits,
@@ -73,6 +82,16 @@ def limits_report(session: Session, mechanism: str) -> LimitsReport:
         workspace_files_used=session.disk.files,
         best_effort=best_effort(mechanism),
     )
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU time the processes `pids` have used (one that just ended counts nothing)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def change_limits(session: Session, changes: dict[str, Any]) -> set[str]:

@@ -38,6 +38,7 @@ EventKind = Literal["stdout", "stderr", "display", "error"]
 State = Literal["queued", "running", "done"]
 Run = Callable[["Execution"], Coroutine[Any, Any, ExecutionResult]]
 Canceller = Callable[[asyncio.Future[ExecutionResult]], Awaitable[None]]
+CODE_KEEP_CHARS = 100_000
 _DISPLAY_TYPES = ("execute_result", "display_data", "update_display_data")
 
 
@@ -152,9 +153,15 @@ class Execution:
         session_id: str,
         keep_bytes: int,
         on_end: Callable[[Execution], None] = lambda _: None,
+        code: str = "",
+        language: str = "python",
     ) -> None:
         self.id = f"ex-{secrets.token_hex(8)}"
         self.session_id = session_id
+        # What it runs, for the operator's timeline (the audit log keeps more of it).
+        self.code = code[:CODE_KEEP_CHARS]
+        self.code_cut = len(code) > CODE_KEEP_CHARS
+        self.language = language
         self.created_at = time.time()
         self.ended_at: float | None = None
         self.running = False  # set when its code is sent to the kernel

@@ -76,6 +76,16 @@ class SessionEvents:
         feed = self._feeds.get(session_id)
         return feed is not None and feed.closed
 
+    @property
+    def closed(self) -> bool:
+        """Whether the service is closing (every follower ends)."""
+        return self._closed
+
+    def last(self, session_id: str) -> int:
+        """The number of the session's newest event (0 before its first)."""
+        feed = self._feeds.get(session_id)
+        return feed.last if feed is not None else 0
+
     def missed(self, session_id: str, after: int) -> int:
         """How many events after `after` are no longer kept."""
         feed = self._feeds.get(session_id)

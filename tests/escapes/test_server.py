@@ -95,6 +95,17 @@ PLANT = f"open('/workspace/pwned-{TOKEN}', 'w').write('pwned')"
 MCP_METHODS = ("GET", "POST", "DELETE")  # what streamable HTTP answers (the route lists none)
 OPEN = frozenset({("GET", "/health"), ("HEAD", "/health")})  # DESIGN 6: the only open route
 ADMIN_PREFIX = "/v1/admin/"
+DASHBOARD = "/ui/"  # its own login (a cookie) guards it, after the same Host and Origin checks
+DASHBOARD_OPEN = frozenset(
+    (method, path)
+    for path, methods in (
+        ("/ui/login", ("GET", "HEAD", "POST")),
+        ("/ui/static/code.css", ("GET", "HEAD")),
+    )
+    for method in methods
+)
+# What a change of the dashboard's would do harm with, sent as its form.
+DASHBOARD_FORM = b"hosts=evil.example&mode=public&csrf=forged&next=/ui/"
 UNROUTED = ("GET", "/v1/no-such-route")  # the guard stands before routing, too
 PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
@@ -168,7 +179,20 @@ class Target:
         return [(c, b) for c, b in self.calls if c.path.startswith(ADMIN_PREFIX)]
 
     def guarded_calls(self) -> list[tuple[Call, bytes]]:
-        return [(c, b) for c, b in self.calls if (c.method, c.path) not in OPEN]
+        """The calls a bearer token opens: every one but /health and the dashboard's."""
+        return [
+            (c, b)
+            for c, b in self.calls
+            if (c.method, c.path) not in OPEN and not c.path.startswith(DASHBOARD)
+        ]
+
+    def dashboard_calls(self) -> list[Call]:
+        """The dashboard's calls that need its login (all but the form and static files)."""
+        return [
+            c
+            for c, _ in self.calls
+            if c.path.startswith(DASHBOARD) and (c.method, c.path) not in DASHBOARD_OPEN
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -303,6 +327,43 @@ async def test_call_every_route_with_a_bad_credential(
     )
     reply = await send_http(host.server_port, "GET", "/v1/sessions", headers)
     assert reply.headers["www-authenticate"] == 'Bearer realm="corral"'
+
+
+DASHBOARD_CREDENTIALS: dict[str, Callable[[Tokens], dict[str, str]]] = {
+    "no token": lambda t: {},
+    "the admin token as a bearer": lambda t: {"Authorization": f"Bearer {t.admin}"},
+    "the agent token as a bearer": lambda t: {"Authorization": f"Bearer {t.agent}"},
+    "the admin token as an API key": lambda t: {"X-API-Key": t.admin},
+    "the admin token as the cookie": lambda t: {"Cookie": f"corral_ui={t.admin}"},
+    "a forged cookie": lambda t: {"Cookie": "corral_ui=" + "A" * 43},
+}
+
+
+@pytest.mark.parametrize("credential", list(DASHBOARD_CREDENTIALS))
+async def test_call_every_dashboard_route_without_a_login(
+    host: Host, target: Target, credential: str
+) -> None:
+    """No token opens the dashboard, only its login's cookie: without one every page sends
+    the browser to the login form, every live stream and change answers 401, and nothing
+    changes (the change's Origin is this server's, so only the login is missing)."""
+    calls = target.dashboard_calls()
+    assert len(calls) >= 10  # the dashboard's routes were found in the app
+    headers = {
+        "Host": own_host(host),
+        "Origin": f"http://{own_host(host)}",
+        "Content-Type": "application/x-www-form-urlencoded",
+        **DASHBOARD_CREDENTIALS[credential](server_tokens(host)),
+    }
+    before = await service_state(host)
+    wrong = []
+    for call in calls:
+        sent = DASHBOARD_FORM if call.method == "POST" else b""
+        reply = await send_http(host.server_port, call.method, call.path, headers, sent)
+        to_login = reply.status == 303 and reply.headers["location"].startswith("/ui/login?")
+        if not (to_login or reply.status == 401):
+            wrong.append(f"{call}: {reply.status} {reply.body[:200]!r}")
+    assert wrong == [], "\n".join(wrong)
+    assert await service_state(host) == before
 
 
 async def test_use_the_agent_token_on_every_admin_route(host: Host, target: Target) -> None:

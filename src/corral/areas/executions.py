@@ -84,6 +84,8 @@ class ExecutionService:
             session_id=session.id,
             keep_bytes=self.keep_bytes,
             on_end=self.kept.ended,
+            code=call.code,
+            language=call.language,
         )
         self.kept.add(execution)
         return execution

@@ -48,6 +48,8 @@ class AuditTrail:
         kind: str | None = None,
         session: str | None = None,
         before_id: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
         limit: int = 100,
     ) -> AuditPage:
         """One page of the log, newest first, after the entries queued so far (read in a
@@ -55,6 +57,13 @@ class AuditTrail:
 
         def read() -> AuditPage:
             self.writer.written()
-            return self.log.query(kind=kind, session=session, before_id=before_id, limit=limit)
+            return self.log.query(
+                kind=kind,
+                session=session,
+                since=since,
+                until=until,
+                before_id=before_id,
+                limit=limit,
+            )
 
         return await asyncio.to_thread(read)

@@ -74,7 +74,8 @@ def serve(
     allow_home_mount: bool,
     protect: tuple[str, ...],
 ) -> None:
-    """Run the server: MCP at /mcp and the REST API, on 127.0.0.1:8222 by default.
+    """Run the server: MCP at /mcp, the REST API and the dashboard at /ui, on 127.0.0.1:8222
+    by default.
 
     It owns the state directory while it runs: a second server on the same state, or a
     port in use, is refused before anything is printed.
@@ -115,6 +116,12 @@ def serve(
     err.print(
         f"(kept in {token_path(settings.config_dir, Role.AGENT)}; "
         "'corral mcp-config CLIENT' prints a ready client snippet)"
+    )
+    err.print(
+        f"dashboard at {url[:-4]}/ui (log in with the admin token, kept in "
+        f"{token_path(settings.config_dir, Role.ADMIN)})",
+        markup=False,
+        highlight=False,
     )
     if not run_server(settings, Service(settings), tokens, problem, sock=sock):
         sys.exit(EXIT_CORRAL_ERROR)

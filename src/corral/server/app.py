@@ -22,10 +22,12 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from corral.config import Settings
+from corral.dashboard.app import Dashboard
+from corral.dashboard.gate import PREFIX
 from corral.errors import AddressInUse
 from corral.owner import ServerInfo
 from corral.server import compat
-from corral.server.auth import Guard, allowed_hosts
+from corral.server.auth import Guard, allowed_hosts, is_loopback
 from corral.server.body import BodyLimit
 from corral.server.errors import HANDLERS
 from corral.server.mcp import build_mcp
@@ -61,6 +63,7 @@ def build_app(
         streamable_http_path="/mcp", transport_security=security, host=settings.host
     )
     health = Health()
+    dashboard = Dashboard(service, tokens, settings, secure=not is_loopback(settings.host))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -72,6 +75,7 @@ def build_app(
         routes=[
             *routes(),
             *_mcp_routes(mcp_app),
+            *dashboard.routes(),
         ],
         lifespan=lifespan,
         exception_handlers=HANDLERS,
@@ -93,6 +97,7 @@ def build_app(
         hosts=hosts,
         coderunner_paths=compat.PATHS,
         open_routes=_open_routes(),
+        cookie_prefix=PREFIX,
     )
 
 

@@ -4,7 +4,9 @@ Pure ASGI middleware, so it covers `/mcp` (streamed responses included) exactly 
 Order: Host (DNS-rebinding protection), Origin, then the token; a refused Host or Origin on
 a path coderunner serves too gets coderunner's 403 and body, so its clients read it as
 theirs. Only `GET /health` is open, and `/.well-known/`, which answers 404 (there is no
-OAuth here: a client that looks for it learns so, instead of starting a flow). The token
+OAuth here: a client that looks for it learns so, instead of starting a flow). The
+dashboard's paths (`cookie_prefix`) pass the Host and Origin checks here and then check
+its own login cookie (`corral.dashboard.gate`): no bearer token opens them. The token
 comes as `Authorization: Bearer`, or as `X-API-Key` (the InstaVM SDK's header) when no
 Authorization header is sent. A server whose tokens could not be loaded answers 503
 everywhere else: it fails closed.
@@ -36,7 +38,7 @@ NO_OAUTH = (
 
 def allowed_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[str]:
     """The Host header values this server answers to (names with the port)."""
-    names = {host, "localhost", "127.0.0.1", "[::1]"} if _is_loopback(host) else {host}
+    names = {host, "localhost", "127.0.0.1", "[::1]"} if is_loopback(host) else {host}
     if ":" in host and not host.startswith("["):
         names.add(f"[{host}]")
         names.discard(host)
@@ -45,7 +47,7 @@ def allowed_hosts(host: str, port: int, extra: Iterable[str] = ()) -> frozenset[
     return frozenset(hosts)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
@@ -61,6 +63,7 @@ class Guard:
         hosts: frozenset[str],
         coderunner_paths: frozenset[str],
         open_routes: frozenset[tuple[str, str]],
+        cookie_prefix: str | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
@@ -68,6 +71,7 @@ class Guard:
         self.hosts = hosts
         self.coderunner_paths = coderunner_paths  # refused Host/Origin as coderunner says it
         self.open_routes = open_routes  # (method, path) reached without a token
+        self.cookie_prefix = cookie_prefix  # the dashboard's, which checks its own cookie
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -86,9 +90,15 @@ class Guard:
             return CODERUNNER_REFUSAL if scope["path"] in self.coderunner_paths else refusal
         if (scope.get("method", "GET"), scope["path"]) in self.open_routes:
             return None
+        if self._cookie_path(scope["path"]):
+            return None
         if scope["path"].startswith(DISCOVERY_PREFIX):
             return error_response(404, "no_oauth", NO_OAUTH)
         return self._token_refusal(scope, headers)
+
+    def _cookie_path(self, path: str) -> bool:
+        prefix = self.cookie_prefix
+        return prefix is not None and (path == prefix or path.startswith(prefix + "/"))
 
     def _header_refusal(self, headers: Headers) -> ASGIApp | None:
         """corral's answer to a foreign Host or Origin, or None when both are this server's."""

@@ -606,6 +606,9 @@ class LimitsChange(Strict):
 class LimitsUsage(BaseModel):
     memory_bytes: int
     tasks: int
+    cpu_seconds: float = Field(
+        description="CPU time (user and system) used by the session's processes running now."
+    )
 
 
 class SessionLimitsModel(BaseModel):
