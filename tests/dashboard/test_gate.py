@@ -172,6 +172,18 @@ def test_logging_out_ends_the_login_on_the_server(board: RunningServer) -> None:
     assert replayed.status_code == 303
 
 
+def test_logging_out_ends_the_live_streams(board: RunningServer) -> None:
+    with logged_in(board) as (client, csrf), client.stream("GET", "/ui/live/sessions") as live:
+        assert live.status_code == 200
+        lines = live.iter_lines()
+        assert next(lines) == "event: update"  # the page's state, sent at once
+        out = client.post("/ui/logout", data={"csrf": csrf}, headers={"Origin": board.base_url})
+        assert out.status_code == 303
+        deadline = time.monotonic() + 30
+        for _ in lines:  # the stream ends within a tick of the logout
+            assert time.monotonic() < deadline, "the stream outlived its login"
+
+
 def test_a_forged_cookie_opens_nothing(board: RunningServer) -> None:
     answer = httpx.get(f"{board.base_url}/ui/", cookies={COOKIE: "x" * 43})
     assert answer.status_code == 303

@@ -294,17 +294,22 @@ class Dashboard:
     # -- live parts -----------------------------------------------------------------------
 
     async def live_sessions(self, request: Request, login: Login) -> Response:
-        return live.stream(request, live.SessionsFeed(self, login))
+        return live.stream(live.SessionsFeed(self, login), self._lasts(login))
 
     async def live_network(self, request: Request, login: Login) -> Response:
-        return live.stream(request, live.NetworkFeed(self, login))
+        return live.stream(live.NetworkFeed(self, login), self._lasts(login))
 
     async def live_session(self, request: Request, login: Login) -> Response:
         session_id = request.path_params["id"]
         self.service.get_session(session_id)
         after = _int(request.query_params.get("after"), 0)
         page_at = _number(request.query_params.get("at"))
-        return live.stream(request, live.TimelineFeed(self, session_id, after, page_at))
+        feed = live.TimelineFeed(self, session_id, after, page_at)
+        return live.stream(feed, self._lasts(login))
+
+    def _lasts(self, login: Login) -> Callable[[], bool]:
+        """Whether `login` still holds (a stream it opened ends with it)."""
+        return lambda: self.gate.logins.find(login.id) is not None
 
 
 class AuditFilters(pydantic.BaseModel):

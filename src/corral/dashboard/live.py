@@ -4,8 +4,8 @@ Each message is an `update` event holding elements marked `hx-swap-oob`: htmx's 
 extension puts each where the element of the same id is (or, for output, at the end of it).
 A feed says what changed since its last message and waits for the next change; nothing is
 sent when nothing changed, so a form being filled in on the page is not replaced under the
-operator's hands. A stream ends when the browser goes away (Starlette notices) or the
-service closes.
+operator's hands. A stream ends when the browser goes away (Starlette notices), when the
+login that opened it ends (logged out or expired), or when the service closes.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from corral.dashboard.logins import Login
@@ -40,19 +39,20 @@ class Feed(Protocol):
         ...
 
 
-def stream(request: Request, feed: Feed) -> StreamingResponse:
+def stream(feed: Feed, live: Callable[[], bool]) -> StreamingResponse:
+    """The feed's changes as SSE while `live()` (the login that opened it has not ended)."""
     headers = {**HEADERS, "X-Accel-Buffering": "no"}
-    return StreamingResponse(
-        _events(request, feed), media_type="text/event-stream", headers=headers
-    )
+    return StreamingResponse(_events(feed, live), media_type="text/event-stream", headers=headers)
 
 
-async def _events(request: Request, feed: Feed) -> AsyncIterator[str]:
+async def _events(feed: Feed, live: Callable[[], bool]) -> AsyncIterator[str]:
     quiet = 0.0
     while True:
         try:
             html = await feed.changes()
         except StopAsyncIteration:
+            return
+        if not live():  # logged out or expired: nothing more for this browser
             return
         if html:
             quiet = 0.0
