@@ -72,6 +72,8 @@ class Settings:
     net_elicitation: bool = False  # let a human approve access requests in the MCP client
     egress_max_connections: int = 64
     egress_idle_timeout_s: float = 300.0
+    # A CA file trusted, besides the system's roots, for origins the proxy reads (secrets).
+    egress_upstream_ca: str = ""
     max_body_bytes: int = 10 * MIB
     header_timeout_s: float = 10.0  # for a request's headers to arrive, from its first byte
     body_idle_timeout_s: float = 30.0  # the longest wait for the next part of a request body

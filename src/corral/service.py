@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from operator import attrgetter
 from types import TracebackType
 from typing import Any
@@ -21,6 +21,7 @@ from corral.areas.controls import ControlService
 from corral.areas.executions import ExecutionService
 from corral.areas.files import FileService
 from corral.areas.network import NetworkService
+from corral.areas.secrets import SecretService
 from corral.areas.skills import SkillService
 from corral.areas.trail import AuditTrail
 from corral.audit import AuditLog
@@ -31,6 +32,7 @@ from corral.audit_entries import (
 from corral.audit_writer import AuditWriter
 from corral.browser.fetch import Browser
 from corral.config import Settings
+from corral.egress.injection import Attached
 from corral.egress.network import Network
 from corral.egress.protocol import Target
 from corral.egress.proxy import Resolver
@@ -73,6 +75,8 @@ class Service:
             settings,
             store,
             self._on_decision,
+            secrets_for=self._secrets_held,
+            on_secret=self._on_secret,
             **({"resolver": resolver} if resolver else {}),
         )
         self.host = SandboxHost(settings)
@@ -100,6 +104,7 @@ class Service:
             self.audit,
         )
         self.controls = ControlService(self.sessions, self.host.mechanism.name, self.audit)
+        self.secrets = SecretService(store, self.sessions, self.audit)
 
     @property
     def kernel_start_failure(self) -> str | None:
@@ -117,6 +122,7 @@ class Service:
                     recovery.interrupted,
                 )
             self.egress.open()
+            self.secrets.open()
             await self.sessions.open()
         except BaseException:
             self.owner.release()
@@ -225,6 +231,26 @@ class Service:
         actor = "agent" if kind == "bridge" else "system"
         self.audit.record(
             Event(kind=kind, actor=actor, action=action, session=session_id, detail=detail)
+        )
+
+    def _secrets_held(self, session_id: str) -> Mapping[bytes, Attached]:
+        """The proxy asks, at each plain-HTTP request, for the session's secrets."""
+        return self.secrets.held_by(session_id)
+
+    def _on_secret(
+        self, session_id: str, target: Target, names: tuple[str, ...], refused: str | None
+    ) -> None:
+        """Secrets were put into a request, or a request carrying one was refused (maybe
+        an attempt to walk it out): audited by name, never by value."""
+        self.audit.record(
+            Event(
+                kind="network",
+                actor="agent",
+                action="secret_refused" if refused else "secret",
+                session=session_id,
+                target=f"{target.host}:{target.port}",
+                detail={"secrets": list(names), **({"reason": refused} if refused else {})},
+            )
         )
 
     def _on_decision(self, session_id: str, target: Target, decision: Decision) -> None:

@@ -44,6 +44,13 @@ CREATE TABLE IF NOT EXISTS net_policies (
     mode TEXT NOT NULL,
     allow TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    source TEXT NOT NULL,
+    location TEXT NOT NULL,
+    hosts TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS net_requests (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session TEXT NOT NULL,
@@ -188,6 +195,25 @@ class Store:
     def policies(self) -> dict[str, tuple[str, list[str]]]:
         rows = self._db.execute("SELECT session, mode, allow FROM net_policies").fetchall()
         return {session: (mode, json.loads(allow)) for session, mode, allow in rows}
+
+    def put_secret(self, name: str, source: str, location: str, hosts: list[str]) -> float:
+        """Store a secret's reference (never its value); replaces one of the same name."""
+        created = now()
+        self._write(
+            "INSERT OR REPLACE INTO secrets (name, source, location, hosts, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (name, source, location, json.dumps(hosts), created),
+        )
+        return created
+
+    def delete_secret(self, name: str) -> None:
+        self._write("DELETE FROM secrets WHERE name = ?", (name,))
+
+    def secrets(self) -> list[tuple[str, str, str, list[str], float]]:
+        rows = self._db.execute(
+            "SELECT name, source, location, hosts, created_at FROM secrets ORDER BY name"
+        ).fetchall()
+        return [(n, s, loc, json.loads(h), at) for n, s, loc, h, at in rows]
 
     def add_request(self, session_id: str, hosts: list[str], reason: str) -> int:
         try:

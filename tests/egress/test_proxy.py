@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from corral.egress import protocol as p
+from corral.egress.injection import Attached
 from corral.egress.proxy import EgressProxy, ProxyLimits, SessionEgress, system_resolver
-from corral.egress.rules import Decision, IPAddress, Policy, make_policy
+from corral.egress.rules import Decision, IPAddress, Policy, make_policy, parse_entry
 from tests.waiting import until
 
 IO_S = 10.0
@@ -380,6 +381,7 @@ async def start(tmp_path: Path, upstreams: Upstreams) -> AsyncIterator[Callable[
         *,
         resolver: Any = None,
         limits: ProxyLimits | None = None,
+        **hooks: Any,
     ) -> Harness:
         table = dict(policies) if isinstance(policies, dict) else {SID: policies}
         fake = resolver if isinstance(resolver, FakeResolver) else FakeResolver()
@@ -389,6 +391,7 @@ async def start(tmp_path: Path, upstreams: Upstreams) -> AsyncIterator[Callable[
             on_decision=lambda *args: decisions.append(args),
             resolver=fake if resolver is None else resolver,
             limits=limits,
+            **hooks,
         )
         harness = Harness(proxy, table, {}, fake, decisions)
         made.append(harness)
@@ -1300,3 +1303,92 @@ def _servers_bound_at(path: Path) -> list[asyncio.Server]:
         if isinstance(server, asyncio.base_events.Server)
         and any(sock.fileno() != -1 and sock.getsockname() == str(path) for sock in server.sockets)
     ]
+
+
+# -- secrets put into plain-HTTP requests ------------------------------------------------------
+
+PLACEHOLDER = "corral-secret-" + "ab" * 16
+OTHER_PLACEHOLDER = "corral-secret-" + "cd" * 16
+
+
+def attached_token(host: str) -> dict[bytes, Attached]:
+    return {
+        PLACEHOLDER.encode(): Attached(
+            "API_TOKEN", tuple(parse_entry(host)), lambda: b"s3cr3t-value"
+        )
+    }
+
+
+async def test_a_placeholder_becomes_the_value_on_the_secrets_host(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.http("127.0.0.2")
+    told: list[tuple[Any, ...]] = []
+    h = await start(
+        allow("127.0.0.2"),
+        secrets_for=lambda session: attached_token("127.0.0.2"),
+        on_secret=lambda *args: told.append(args),
+    )
+    head = (
+        f"GET http://{up.authority}/v1?key={PLACEHOLDER} HTTP/1.1\r\nHost: {up.authority}\r\n"
+        f"Authorization: Bearer {PLACEHOLDER}\r\n\r\n"
+    ).encode()
+    response, _, _ = await h.request(head)
+    assert response.status == 200
+    sent = up.heads[0]
+    assert b"authorization: bearer s3cr3t-value" in sent.lower()
+    assert b"/v1?key=s3cr3t-value" in sent and PLACEHOLDER.encode() not in sent
+    assert [(t[0], t[2], t[3]) for t in told] == [(SID, ("API_TOKEN",), None)]
+
+
+async def test_a_placeholder_to_another_host_is_refused_and_told(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.http("127.0.0.2")
+    told: list[tuple[Any, ...]] = []
+    h = await start(
+        allow("127.0.0.2"),
+        secrets_for=lambda session: attached_token("api.example.com"),
+        on_secret=lambda *args: told.append(args),
+    )
+    head = (
+        f"GET http://{up.authority}/ HTTP/1.1\r\nHost: {up.authority}\r\n"
+        f"X-Api-Key: {PLACEHOLDER}\r\n\r\n"
+    ).encode()
+    response, _, _ = await h.request(head)
+    assert response.status == 403
+    assert b"API_TOKEN may not be sent to 127.0.0.2" in response.body
+    assert b"s3cr3t" not in response.body
+    assert up.heads == []  # nothing reached the host
+    assert told and told[0][2] == ("API_TOKEN",) and "may not be sent" in told[0][3]
+    assert h.egress[SID].refused == 1
+
+
+async def test_a_placeholder_the_session_does_not_hold_is_refused(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.http("127.0.0.2")
+    h = await start(allow("127.0.0.2"), secrets_for=lambda session: attached_token("127.0.0.2"))
+    head = (
+        f"GET http://{up.authority}/ HTTP/1.1\r\nHost: {up.authority}\r\n"
+        f"X-Api-Key: {OTHER_PLACEHOLDER}\r\n\r\n"
+    ).encode()
+    response, _, _ = await h.request(head)
+    assert response.status == 403 and b"does not hold" in response.body
+    assert up.heads == []
+
+
+async def test_requests_without_placeholders_pass_untouched(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.http("127.0.0.2")
+    told: list[tuple[Any, ...]] = []
+    h = await start(
+        allow("127.0.0.2"),
+        secrets_for=lambda session: attached_token("127.0.0.2"),
+        on_secret=lambda *args: told.append(args),
+    )
+    head = f"GET http://{up.authority}/plain HTTP/1.1\r\nHost: {up.authority}\r\n\r\n"
+    response, _, _ = await h.request(head.encode())
+    assert response.status == 200 and b"GET /plain" in up.heads[0]
+    assert told == []

@@ -1,5 +1,5 @@
 """The `corral` command line: doctor, run, fetch, sessions, audit, limits, serve, the MCP
-clients' set-up, skills, the network policy and the SSH agent bridge.
+clients' set-up, skills, the network policy, secrets and the SSH agent bridge.
 
 A thin caller: it parses arguments, calls, and prints; corral errors become a message on
 stderr and a non-zero exit code. Only one process owns a state directory (`corral.owner`):
@@ -12,7 +12,7 @@ they act on the state through `corral.offline`, the one module that does; `serve
 to the group when imported, which this package does.
 """
 
-from corral.cli import network, run, serve, sessions, skills  # noqa: F401 - they add commands
+from corral.cli import network, run, secrets, serve, sessions, skills  # noqa: F401 - they add commands
 from corral.cli.base import main
 
 __all__ = ["main"]

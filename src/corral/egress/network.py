@@ -7,14 +7,27 @@ operator can approve. Each change re-checks the session's open tunnels at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.config import Settings
+from corral.egress.ca import CertificateAuthority
+from corral.egress.injection import Attached
+from corral.egress.intercept import upstream_context
 from corral.egress.protocol import Target
-from corral.egress.proxy import EgressProxy, ProxyLimits, Resolver, system_resolver
+from corral.egress.proxy import (
+    EgressProxy,
+    ProxyLimits,
+    Resolver,
+    SecretHook,
+    no_secrets,
+    not_told,
+    system_resolver,
+)
 from corral.egress.rules import Decision, Policy, make_policy, parse_entry
 from corral.errors import Conflict, InvalidInput, NotFound
 from corral.sandbox.profile import EGRESS_SOCKET_NAME
@@ -53,12 +66,16 @@ class Network:
         on_decision: DecisionLog,
         *,
         resolver: Resolver = system_resolver,
+        secrets_for: Callable[[str], Mapping[bytes, Attached]] = no_secrets,
+        on_secret: SecretHook = not_told,
     ) -> None:
         self.settings = settings
         self.store = store
         self.default = make_policy(settings.net_default, _split(settings.net_allow))
         self.browsing = make_policy(settings.browser_net, _split(settings.browser_allow))
         self.policies: dict[str, Policy] = {}
+        self.tls = TrustFiles(settings.config_dir / "ca", settings.run_root / "egress-tls")
+        extra_ca = Path(settings.egress_upstream_ca) if settings.egress_upstream_ca else None
         self.proxy = EgressProxy(
             self.policy,
             on_decision=on_decision,
@@ -67,6 +84,10 @@ class Network:
                 max_connections=settings.egress_max_connections,
                 idle_timeout_s=settings.egress_idle_timeout_s,
             ),
+            secrets_for=secrets_for,
+            on_secret=on_secret,
+            ca=self.tls.authority,
+            upstream_tls=upstream_context(extra_ca),
         )
 
     def open(self) -> None:
@@ -97,6 +118,10 @@ class Network:
             path = sockets / digest / EGRESS_SOCKET_NAME
         await self.proxy.open(session_id, path)
         return path
+
+    def trust_files(self) -> tuple[Path, Path]:
+        """What a sandbox that holds secrets trusts (`TrustFiles.bundle`)."""
+        return self.tls.bundle()
 
     def rename(self, old_id: str, new_id: str) -> None:
         """A warm pool kernel became session `new_id`: its socket now speaks for that
@@ -165,6 +190,39 @@ class Network:
         decision = "approved" if approve else "rejected"
         await self.store.run(self.store.decide_request, request_id, decision)
         return await self.get_request(request_id)
+
+
+class TrustFiles:
+    """corral's CA, made on first use, and the files a sandbox that holds secrets trusts:
+    the CA's certificate, and the system's roots with it in one bundle."""
+
+    def __init__(self, ca_dir: Path, run_dir: Path) -> None:
+        self.ca_dir = ca_dir
+        self.run_dir = run_dir
+
+    @functools.cache  # noqa: B019 - one per server, which lives as long as it
+    def authority(self) -> CertificateAuthority:
+        return CertificateAuthority.load_or_create(self.ca_dir, self.run_dir / "leaves")
+
+    def bundle(self) -> tuple[Path, Path]:
+        """(the bundle, the CA's certificate), written once per server; `CAUnavailable`."""
+        ca = self.run_dir / "corral-ca.pem"
+        bundle = self.run_dir / "ca-bundle.pem"
+        if not bundle.exists():
+            pem = self.authority().cert_pem
+            ca.write_bytes(pem)
+            roots = system_roots()
+            bundle.write_bytes((roots.read_bytes() if roots else b"") + b"\n" + pem)
+        return bundle, ca
+
+
+def system_roots() -> Path | None:
+    """The system's bundle of root certificates (what OpenSSL reads by default)."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (paths.cafile, paths.openssl_cafile):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
 
 
 def _split(raw: str) -> list[str]:

@@ -123,6 +123,30 @@ def _split_authority(authority: str) -> tuple[str, int]:
 
 
 def _forward_request(head: bytes) -> HttpRequest:
+    client, event, fields = _read_head(head)
+    target_text = event.target.decode("latin-1")
+    target, path, authority = _absolute_url(target_text)
+    host = _check_host_header(fields, target)
+    return _upstream(target, client, event, path, authority if host is None else host, fields)
+
+
+def parse_tunnelled(head: bytes, target: Target) -> HttpRequest:
+    """A request read inside an intercepted tunnel to `target`: it names a path (origin
+    form), and its Host header, when it sends one, names the tunnel's target. Refused like
+    any other request head (`ProtocolError`)."""
+    client, event, fields = _read_head(head)
+    if not event.target.startswith(b"/"):
+        raise ProtocolError("inside a tunnel a request names a path, not a whole URL")
+    host = _check_host_header(fields, target)
+    if host is None:
+        shown = f"[{target.host}]" if ":" in target.host else target.host
+        host = (shown if target.port == 443 else f"{shown}:{target.port}").encode()
+    return _upstream(target, client, event, event.target, host, fields)
+
+
+def _read_head(head: bytes) -> tuple[h11.Connection, h11.Request, Fields]:
+    """The client's side of the connection past `head`, the request, and its fields as
+    written; refused when another parser could read it differently."""
     if re.search(rb"\r\n[ \t]", head):
         raise ProtocolError("a folded header line is refused: send each header on one line")
     lines = head.split(b"\r\n")[1:]
@@ -140,11 +164,20 @@ def _forward_request(head: bytes) -> HttpRequest:
         raise ProtocolError(f"malformed request: {exc}") from exc
     if not isinstance(event, h11.Request):  # pragma: no cover - a whole head is one event
         raise ProtocolError("malformed request")
-    target_text = event.target.decode("latin-1")
-    target, path, authority = _absolute_url(target_text)
-    fields = list(event.headers.raw_items())
-    host = _check_host_header(fields, target)
-    headers = [(b"Host", authority if host is None else host)]
+    return client, event, list(event.headers.raw_items())
+
+
+def _upstream(
+    target: Target,
+    client: h11.Connection,
+    event: h11.Request,
+    path: bytes,
+    host: bytes,
+    fields: Fields,
+) -> HttpRequest:
+    """The request as the origin gets it: origin form, its Host, end-to-end headers only,
+    and `Connection: close`."""
+    headers = [(b"Host", host)]
     headers += [(n, v) for n, v in end_to_end(fields) if n.lower() != b"host"]
     headers.append((b"Connection", b"close"))
     upstream = h11.Request(method=event.method, target=path, headers=headers)

@@ -12,16 +12,23 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import h11
+
 from corral.egress import protocol as p
+from corral.egress.ca import CAUnavailable, CertificateAuthority
 from corral.egress.forward import Exchange, forward
+from corral.egress.injection import Attached, SecretRefused, inject
+from corral.egress.intercept import Interception, intercept, upstream_context
 from corral.egress.relay import bridge_streams
 from corral.egress.rules import Decision, IPAddress, Policy, decide, literal_address, should_resolve
 
@@ -29,6 +36,19 @@ log = logging.getLogger(__name__)
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 DecisionHook = Callable[[str, p.Target, Decision], None]
+# A request carried secrets: the session, where it went, the secrets' names, and why it
+# was refused (None when they were put in).
+SecretHook = Callable[[str, p.Target, tuple[str, ...], str | None], None]
+
+
+def no_secrets(session_id: str) -> Mapping[bytes, Attached]:
+    return {}
+
+
+def not_told(session_id: str, target: p.Target, names: tuple[str, ...], why: str | None) -> None:
+    """Nobody listens for secrets (a proxy built without them)."""
+
+
 KIND_HTTP, KIND_SOCKS = b"H", b"S"
 
 
@@ -122,9 +142,17 @@ class EgressProxy:
         on_decision: DecisionHook,
         resolver: Resolver = system_resolver,
         limits: ProxyLimits | None = None,
+        secrets_for: Callable[[str], Mapping[bytes, Attached]] = no_secrets,
+        on_secret: SecretHook = not_told,
+        ca: Callable[[], CertificateAuthority] | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.policy_for = policy_for
         self.on_decision = on_decision
+        self.secrets_for = secrets_for  # a session's attached secrets, by placeholder
+        self.on_secret = on_secret
+        self.ca = ca  # made on first use; without one, no tunnel is read
+        self.upstream_tls = upstream_tls or upstream_context()
         self.resolver = resolver
         self.limits = limits or ProxyLimits()
         self.sessions: dict[str, SessionEgress] = {}
@@ -298,6 +326,17 @@ class EgressProxy:
             egress.refused += 1
             await client.refuse(egress.session_id, target, decision)
             return
+        if isinstance(client, _HttpClient) and client.request is not None:
+            if self._reads(egress.session_id, client.request, target, decision.address):
+                await self._intercept(egress, client, target, decision.address)
+                return
+            if (upstream := client.request.upstream) is not None:
+                outgoing = self._inject(egress.session_id, target, decision.address, upstream)
+                if isinstance(outgoing, str):
+                    egress.refused += 1
+                    await client.refuse_secret(outgoing)
+                    return
+                client.request = replace(client.request, upstream=outgoing)
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(str(decision.address), target.port),
@@ -324,6 +363,62 @@ class EgressProxy:
         finally:
             egress.tunnels.discard(tunnel)
             up_writer.close()
+
+    def _inject(
+        self, session_id: str, target: p.Target, address: IPAddress, request: h11.Request
+    ) -> h11.Request | str:
+        """`request` with the session's secrets put in (`corral.egress.injection`), or why
+        it is refused."""
+        try:
+            done = inject(request, target, address, self.secrets_for(session_id))
+        except SecretRefused as refused:
+            names = (refused.name,) if refused.name else ()
+            self.on_secret(session_id, target, names, refused.reason)
+            return refused.reason
+        if done.names:
+            self.on_secret(session_id, target, done.names, None)
+        return done.request
+
+    def _reads(
+        self, session_id: str, request: p.HttpRequest, target: p.Target, address: IPAddress
+    ) -> bool:
+        """Whether to read inside this CONNECT tunnel: one of the session's secrets may go
+        to its target (every other tunnel stays opaque)."""
+        if self.ca is None or not request.tunnel:
+            return False
+        held = self.secrets_for(session_id).values()
+        return any(secret.may_go_to(target, address) for secret in held)
+
+    async def _intercept(
+        self, egress: SessionEgress, client: _HttpClient, target: p.Target, address: IPAddress
+    ) -> None:
+        """Answer the CONNECT and serve one request inside it (`corral.egress.intercept`)."""
+        if self.ca is None:  # pragma: no cover - `_reads` checked it
+            return
+        try:
+            server_context = self.ca().server_context(target.host)
+        except CAUnavailable as exc:
+            egress.refused += 1
+            await client.refuse_secret(f"corral's CA is unavailable, so {exc}")
+            return
+        await client.connected()
+        limits = self.limits
+        tls = Interception(
+            server_context,
+            self.upstream_tls,
+            limits.header_timeout_s,
+            limits.connect_timeout_s,
+            limits.idle_timeout_s,
+        )
+        meter = _Meter(egress, limits.idle_timeout_s)
+        await intercept(
+            (client.reader, client.writer),
+            target,
+            address,
+            tls,
+            functools.partial(self._inject, egress.session_id, target, address),
+            (meter.outbound, meter.inbound),
+        )
 
     async def _decide(self, session_id: str, target: p.Target) -> Decision:
         policy = self.policy_for(session_id)
@@ -428,6 +523,9 @@ class _HttpClient(_Client):
 
     async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
         await self._send(p.http_reply(403, "Forbidden", refusal_text(session_id, target, decision)))
+
+    async def refuse_secret(self, reason: str) -> None:
+        await self._send(p.http_reply(403, "Forbidden", f"corral proxy: refused: {reason}\n"))
 
     async def refuse_busy(self, limit: int) -> None:
         await self._send(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from corral.config import Settings
+from corral.egress.vault import OPTION as SECRETS_OPTION
 from corral.errors import InvalidInput, KernelStartFailed
 from corral.fsafe import UnsafePath
 from corral.kernels.kernel import SandboxedKernel
@@ -35,6 +36,7 @@ from corral.kernels.session import Session
 from corral.mounts import overlapping
 from corral.protect import escape_name, validate_protected_names
 from corral.sandbox.host import SandboxHost
+from corral.sandbox.policy import Bind
 from corral.sandbox.profile import forwarded_env, skill_binds
 from corral.sandbox.runtime import create_session_env, repair_note, repair_session_env
 
@@ -58,6 +60,17 @@ def kept_note(mount: str, shown: list[str]) -> str:
     )
 
 
+SANDBOX_CA_BUNDLE = "/opt/corral/tls/ca-bundle.pem"
+SANDBOX_CA_CERT = "/opt/corral/tls/corral-ca.pem"
+CA_BUNDLE_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+)
+
+
 class EgressSockets(Protocol):
     """Gives a session's proxy socket, listening; the network layer implements it."""
 
@@ -66,6 +79,10 @@ class EgressSockets(Protocol):
     async def forget(self, session_id: str) -> None: ...
 
     def rename(self, old_id: str, new_id: str) -> None: ...
+
+    def trust_files(self) -> tuple[Path, Path]:
+        """(a bundle of the system's roots and corral's CA, corral's CA certificate)."""
+        ...
 
 
 class KernelFactory:
@@ -126,13 +143,16 @@ class KernelFactory:
         self, session: Session, run: SessionRun, socket: Path | None
     ) -> SessionSandbox:
         extras = run.extras(self.host.runtime.sandbox_python)
+        trust_binds, trust_env = self._secrets_env(session)
         run_dir = await asyncio.to_thread(make_run_dir, self.settings.run_root)
         policy = self.host.policy(
             session.paths,
             tmp_size_bytes=session.limits.tmp_bytes,
             egress_socket=socket,
-            forward_env=forwarded_env(self.forward_names, dict(os.environ)) + extras.env,
-            extra_binds=(*self.skill_binds, *extras.binds),
+            forward_env=(
+                forwarded_env(self.forward_names, dict(os.environ)) + extras.env + trust_env
+            ),
+            extra_binds=(*self.skill_binds, *extras.binds, *trust_binds),
         )
         sandbox = SessionSandbox(
             policy.with_run_dir(run_dir),
@@ -146,6 +166,21 @@ class KernelFactory:
             await sandbox.stop()
             raise
         return sandbox
+
+    def _secrets_env(
+        self, session: Session
+    ) -> tuple[tuple[Bind, ...], tuple[tuple[str, str], ...]]:
+        """What a session that holds secrets gets: each as `NAME=placeholder`, and trust in
+        corral's CA (the proxy reads HTTPS to the secrets' hosts) through the files and
+        variables common tools read. A session without secrets gets neither."""
+        held = session.options.get(SECRETS_OPTION, {})
+        if not held or self.egress is None:
+            return (), ()
+        bundle, ca = self.egress.trust_files()
+        binds = (Bind(bundle, SANDBOX_CA_BUNDLE), Bind(ca, SANDBOX_CA_CERT))
+        env = [(name, SANDBOX_CA_BUNDLE) for name in CA_BUNDLE_VARIABLES]
+        env += [("NODE_EXTRA_CA_CERTS", SANDBOX_CA_CERT), *sorted(held.items())]
+        return binds, tuple(env)
 
     def _prepare_env(self, session: Session, font_list: Path | None) -> list[str]:
         """The session's package prefix, created when there is none, and what the sandbox

@@ -153,6 +153,7 @@ def serve(
     """
     configure_logging()
     raise_open_file_limit()
+    forbid_core_dumps()
     app = build_app(settings, service, tokens, token_problem)
     config = uvicorn.Config(
         app,
@@ -201,6 +202,12 @@ def raise_open_file_limit() -> None:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         log.info("open file limit raised from %d to %d", soft, hard)
+
+
+def forbid_core_dumps() -> None:
+    """No core file of this process: it holds the secrets' values while it puts them into
+    requests, and a dump would write them to disk."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 class _Server(uvicorn.Server):

@@ -47,6 +47,7 @@ ID_NUMBER_P: dict[str, Any] = {"type": "integer", "minimum": 1}
 PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "rid": ID_NUMBER_P,
     "eid": {"type": "string", "pattern": EXECUTION_ID_PATTERN},
+    "secret": {"type": "string", "pattern": s.SECRET_NAME_PATTERN},
 }
 
 

@@ -25,9 +25,12 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from corral.browser.fetch import validate_url
 from corral.egress.rules import parse_entry
+from corral.egress.vault import NAME as SECRET_NAME
+from corral.egress.vault import VARIABLE
 from corral.errors import CorralError
 from corral.mounts import check_name
 from corral.sandbox.limits import (
@@ -666,6 +669,80 @@ class BridgeModel(BaseModel):
     ssh_agent: bool
     active: bool = Field(description="A running bridge serves the session now.")
     restart_needed: bool
+
+
+SECRET_NAME_PATTERN = f"^{SECRET_NAME.pattern}$"
+SecretName = Annotated[StrictStr, Field(pattern=f"^{VARIABLE.pattern}$")]
+AbsolutePath = Annotated[StrictStr, Field(pattern=r"^/", max_length=4096)]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field left out rather than null: the document shows no default."""
+    schema.pop("default", None)
+
+
+class SecretRequest(Strict):
+    """Where a secret's value comes from (exactly one source) and where it may go."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"oneOf": [{"required": ["from_env"]}, {"required": ["from_file"]}]},
+    )
+
+    from_env: SecretName | SkipJsonSchema[None] = Field(
+        default=None,
+        description="A variable of the server's environment holding the value.",
+        json_schema_extra=_no_default,
+    )
+    from_file: AbsolutePath | SkipJsonSchema[None] = Field(
+        default=None,
+        description="A file the server reads the value from.",
+        json_schema_extra=_no_default,
+    )
+    hosts: list[HostEntry] = Field(
+        min_length=1,
+        max_length=50,
+        description="Where the value may be sent: allowlist entries (domain, *.domain, "
+        "host:port, address, range, preset).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        for key in ("from_env", "from_file"):
+            if isinstance(data, dict) and key in data and data[key] is None:
+                raise ValueError(f"{key} is a string: leave it out rather than send null")
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRequest:
+        if (self.from_env is None) == (self.from_file is None):
+            raise ValueError("give exactly one of from_env and from_file")
+        return self
+
+
+class SecretModel(BaseModel):
+    name: str
+    source: Literal["env", "file"]
+    location: str = Field(description="The variable's name or the file's path (never the value).")
+    hosts: list[str]
+    created_at: float
+    sessions: list[str] = Field(description="The sessions that hold it.")
+
+
+class SecretListModel(BaseModel):
+    secrets: list[SecretModel]
+
+
+class SecretAttachmentModel(BaseModel):
+    session_id: str
+    name: str
+    attached: bool
+    restart_needed: bool = Field(
+        description="The session's kernels run: they get (or lose) the variable when they "
+        "next start; the proxy applies the change from the next request."
+    )
 
 
 class NetworkPolicyRequest(Strict):

@@ -7,6 +7,15 @@ Errors are not handled here: the app maps `corral.errors` and validation failure
 statuses in one place (`corral.server.errors`).
 """
 
-from corral.server.rest import browser, executions, files, network, operator, sessions, skills
+from corral.server.rest import (
+    browser,
+    executions,
+    files,
+    network,
+    operator,
+    secrets,
+    sessions,
+    skills,
+)
 
-AREAS = (sessions, executions, files, operator, skills, browser, network)
+AREAS = (sessions, executions, files, operator, skills, browser, network, secrets)
