@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,10 +24,16 @@ class _QuietFiles(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
-    """An HTTP server on 127.0.0.2 answering with `handler`; yields its port, stops on exit."""
+def serve(
+    handler: Callable[..., http.server.BaseHTTPRequestHandler],
+    tls: ssl.SSLContext | None = None,
+) -> Iterator[int]:
+    """An HTTP server on 127.0.0.2 answering with `handler` (HTTPS with `tls`); yields its
+    port, stops on exit."""
     httpd = http.server.ThreadingHTTPServer((HOST, 0), handler)
     httpd.daemon_threads = True
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
     thread.daemon = True
     thread.start()

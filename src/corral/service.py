@@ -97,7 +97,6 @@ class Service:
             keep_bytes=settings.max_output_bytes,
         )
         self.files = FileService(self.sessions, settings.max_upload_bytes)
-        self.network = NetworkService(self.egress, self.sessions, self.audit)
         self.skills = SkillService(
             SkillCatalog(PUBLIC_DIR, user_dir(settings.config_dir)),
             user_dir(settings.config_dir),
@@ -105,6 +104,7 @@ class Service:
         )
         self.controls = ControlService(self.sessions, self.host.mechanism.name, self.audit)
         self.secrets = SecretService(store, self.sessions, self.audit)
+        self.network = NetworkService(self.egress, self.sessions, self.audit, self.secrets.held)
 
     @property
     def kernel_start_failure(self) -> str | None:

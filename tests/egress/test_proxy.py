@@ -1392,3 +1392,42 @@ async def test_requests_without_placeholders_pass_untouched(
     response, _, _ = await h.request(head.encode())
     assert response.status == 200 and b"GET /plain" in up.heads[0]
     assert told == []
+
+
+# -- method and path rules on the requests the proxy reads -------------------------------------
+
+
+async def test_plain_http_requests_are_judged_by_method_and_path(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.http("127.0.0.2")
+    h = await start(allow(f"GET 127.0.0.2:{up.port}/ok/"))
+    allowed, _, _ = await h.request(
+        f"GET http://{up.authority}/ok/x HTTP/1.1\r\nHost: {up.authority}\r\n\r\n".encode()
+    )
+    assert allowed.status == 200
+    for head in (
+        f"POST http://{up.authority}/ok/x HTTP/1.1\r\nHost: {up.authority}\r\n"
+        "Content-Length: 0\r\n\r\n",
+        f"GET http://{up.authority}/other HTTP/1.1\r\nHost: {up.authority}\r\n\r\n",
+        f"GET http://{up.authority}/ok/../other HTTP/1.1\r\nHost: {up.authority}\r\n\r\n",
+    ):
+        refused, _, _ = await h.request(head.encode())
+        assert refused.status == 403, head
+        assert b"refused" in refused.body
+    assert len(up.heads) == 1  # only the allowed request reached the origin
+    assert [d[2].allowed for d in h.decisions][-1] is False  # each refusal is told
+
+
+async def test_a_limited_host_is_refused_where_requests_cannot_be_read(
+    start: Any, upstreams: Upstreams
+) -> None:
+    up = await upstreams.echo("127.0.0.2")
+    h = await start(allow(f"GET 127.0.0.2:{up.port}/ok/"))  # this proxy has no CA
+    response, _, _ = await h.connect(up.authority)
+    assert response.status == 403 and b"cannot be read" in response.body
+    reply, _, _ = await h.socks(
+        p.SOCKS_ATYP_IPV4, ipaddress.IPv4Address("127.0.0.2").packed, up.port
+    )
+    assert reply[1] != 0  # refused
+    assert up.received == b""

@@ -115,7 +115,11 @@ def test_entry_text_is_kept_lower_case_and_stripped() -> None:
         "*example.com",
         "www.*.example.com",
         "http://example.com",
-        "example.com/path",
+        "example.com//path",
+        "example.com/a b",
+        "example.com/a?b",
+        "GET,FETCH example.com/",
+        "GET 10.0.0.0/8",
         "10.0.0.0/33",
         "user@example.com",
     ],
@@ -602,3 +606,25 @@ def test_names_no_rule_admits_are_not_resolved(host: str, port: int) -> None:
 )
 def test_names_a_rule_admits_are_resolved(policy: Policy, host: str, port: int) -> None:
     assert should_resolve(policy, host, port) is True
+
+
+@pytest.mark.parametrize(
+    ("text", "written", "methods", "path"),
+    [
+        (
+            "GET,post api.github.com/repos/Acme/",
+            "GET,POST api.github.com/repos/Acme/",
+            {"GET", "POST"},
+            "/repos/Acme/",
+        ),
+        ("API.example.com/v1", "api.example.com/v1", set(), "/v1"),
+        ("DELETE example.com", "DELETE example.com", {"DELETE"}, ""),
+        ("GET 127.0.0.2:8080/x/", "GET 127.0.0.2:8080/x/", {"GET"}, "/x/"),
+    ],
+)
+def test_entries_may_limit_methods_and_paths(
+    text: str, written: str, methods: set[str], path: str
+) -> None:
+    (entry,) = parse_entry(text)
+    assert (entry.text, entry.methods, entry.path) == (written, frozenset(methods), path)
+    assert entry.http_level

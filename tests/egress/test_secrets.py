@@ -91,6 +91,8 @@ def test_the_value_goes_only_to_the_secrets_host_and_never_inside(
         assert VALUE not in defined.text
         attached = admin(server, "PUT", f"/v1/admin/sessions/{sid}/secrets/API_TOKEN")
         assert attached.status_code == 200 and attached.json()["attached"] is True
+        shown = admin(server, "GET", f"/v1/admin/sessions/{sid}/network").json()
+        assert shown["secrets"] == [{"name": "API_TOKEN", "hosts": [f"{HOST}:{port}"]}]
         allowed = admin(
             server,
             "POST",
@@ -225,6 +227,8 @@ def test_the_command_line_adds_attaches_lists_and_removes(
     assert "secret CLI_TOKEN: from" in text and VALUE not in text
     code, text = corral(server, "secrets", "attach", sid, "CLI_TOKEN")
     assert code == 0 and f"session {sid} holds secret CLI_TOKEN" in text, text
+    code, text = corral(server, "net", "show", sid)
+    assert code == 0 and "secret CLI_TOKEN for a.example, *.b.example" in text, text
     code, text = corral(server, "secrets", "list")
     assert code == 0 and "CLI_TOKEN" in text and sid in text and VALUE not in text, text
     code, text = corral(server, "secrets", "detach", sid, "CLI_TOKEN")

@@ -5,16 +5,22 @@ routes were declared once (issue 34), with compatible request and response schem
 operations, properties, statuses and wording; it may not drop an operation, a parameter, a
 status, a content type or a property, change a type or a constraint, make a request field
 or parameter required that was optional, or stop promising a response field it promised.
+A request constraint may widen (a larger maximum, a pattern that takes every string drawn
+from the old one): what a client sent before is still taken.
 Titles and descriptions are wording and are not compared.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from corral.server.openapi import document
 
@@ -56,6 +62,8 @@ def _covers(old: Any, new: Any, where: str, *, request: bool) -> list[str]:
                         problems += _covers(schema, new["properties"][name], sub, request=request)
             elif key not in new:
                 problems.append(f"{where}: {key!r} is gone")
+            elif request and _widened(key, value, new[key]):
+                continue  # a request the old document allowed is still allowed
             else:
                 problems += _covers(value, new[key], f"{where}/{key}", request=request)
         return problems
@@ -68,6 +76,42 @@ def _covers(old: Any, new: Any, where: str, *, request: bool) -> list[str]:
             for problem in _covers(a, b, f"{where}[{i}]", request=request)
         ]
     return [] if old == new else [f"{where}: {old!r:.60} became {new!r:.60}"]
+
+
+LOWER_BOUNDS = frozenset({"minLength", "minItems", "minimum"})
+UPPER_BOUNDS = frozenset({"maxLength", "maxItems", "maximum"})
+PATTERN_SAMPLES = 150
+
+
+def _widened(key: str, old: Any, new: Any) -> bool:
+    """Whether a request constraint was only widened: a bound moved outward, or a pattern
+    that accepts every string drawn from the old one (a sample; a narrowing shows at once)."""
+    if key in UPPER_BOUNDS:
+        return isinstance(old, int) and isinstance(new, int) and new >= old
+    if key in LOWER_BOUNDS:
+        return isinstance(old, int) and isinstance(new, int) and new <= old
+    if key == "pattern" and isinstance(old, str) and isinstance(new, str):
+        return _accepts_samples(old, new)
+    return False
+
+
+@functools.cache
+def _accepts_samples(old: str, new: str) -> bool:
+    drawn: list[str] = []
+
+    @hypothesis.settings(
+        max_examples=PATTERN_SAMPLES,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(st.from_regex(old, fullmatch=True))
+    def draw(text: str) -> None:
+        drawn.append(text)
+
+    draw()
+    widened = re.compile(new)
+    return all(widened.search(text) for text in drawn)
 
 
 def _required(old: list[str], new: list[str], where: str, *, request: bool) -> list[str]:
@@ -150,6 +194,12 @@ def test_the_generated_document_keeps_every_baseline_operation_compatibly() -> N
     assert _all_problems(baseline, document()) == []
 
 
+def _hosts(doc: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = doc["components"]["schemas"]["NetworkHostsRequest"]
+    items: dict[str, Any] = schema["properties"]["hosts"]["items"]
+    return items
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
@@ -168,6 +218,11 @@ def test_the_generated_document_keeps_every_baseline_operation_compatibly() -> N
             lambda doc: doc["components"]["schemas"]["SessionModel"]["required"].remove("state"),
             "'state' is no longer promised",
         ),
+        (
+            lambda doc: _hosts(doc).update(pattern="^[a-z.]+$"),
+            "hosts/items/pattern",
+        ),
+        (lambda doc: _hosts(doc).update(maxLength=100), "maxLength: 253 became 100"),
     ],
 )
 def test_the_baseline_check_finds_an_incompatible_change(change: Any, problem: str) -> None:

@@ -31,6 +31,34 @@ def test_every_host_entry_the_pattern_admits_is_parsed(entry: str) -> None:
 
 
 @SETTINGS
+@given(st.from_regex(patterns.RULE_ENTRY, fullmatch=True).filter(lambda h: len(h) <= 300))
+def test_every_rule_entry_the_pattern_admits_is_parsed(entry: str) -> None:
+    assert parse_entry(entry)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "GET,POST api.github.com/repos/acme/",
+        "api.example.com/v1",
+        "DELETE 127.0.0.2:8080/x",
+        "GET [::1]:443/a",
+        "10.0.0.0/8",
+        "pypi",
+    ],
+)
+def test_the_rule_entries_people_write_match(entry: str) -> None:
+    assert re.fullmatch(patterns.RULE_ENTRY, entry)
+
+
+@pytest.mark.parametrize(
+    "entry", ["GET 10.0.0.0/8", "FETCH a.org", "get a.org", "a.org//x", "a.org/a b", "a.org/%2e"]
+)
+def test_malformed_rule_entries_do_not_match(entry: str) -> None:
+    assert not re.fullmatch(patterns.RULE_ENTRY, entry)
+
+
+@SETTINGS
 @given(st.from_regex(patterns.URL, fullmatch=True).filter(lambda u: len(u) <= 8192))
 def test_every_url_the_pattern_admits_can_be_fetched(url: str) -> None:
     assert validate_url(url) == url

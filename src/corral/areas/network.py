@@ -3,9 +3,12 @@ access (`corral.egress.network.Network` applies them to the proxy)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from corral.areas.trail import AuditTrail
 from corral.egress.network import Network, NetworkStatus, PolicyChange
 from corral.egress.rules import Policy
+from corral.egress.vault import HeldSecret
 from corral.kernels.sessions import DEFAULT_SESSION, SessionManager
 from corral.store import NetRequest
 
@@ -14,15 +17,26 @@ class NetworkService:
     """Policies (changed by the operator only, each change audited) and access requests
     (made by agents, decided by the operator)."""
 
-    def __init__(self, egress: Network, sessions: SessionManager, trail: AuditTrail) -> None:
+    def __init__(
+        self,
+        egress: Network,
+        sessions: SessionManager,
+        trail: AuditTrail,
+        held: Callable[[str], tuple[HeldSecret, ...]],
+    ) -> None:
         self.egress = egress
         self.sessions = sessions
         self.trail = trail
+        self.held = held  # a session's secrets (`SecretService.held`)
 
     def policy(self, session_id: str) -> NetworkStatus:
-        """The session's policy and its proxy counters."""
+        """The session's policy, its proxy counters and the secrets it holds."""
         self._known(session_id)
-        return NetworkStatus(self.egress.policy(session_id), self.egress.proxy.stats(session_id))
+        return NetworkStatus(
+            self.egress.policy(session_id),
+            self.egress.proxy.stats(session_id),
+            self.held(session_id),
+        )
 
     async def set(self, session_id: str, mode: str, allow: list[str]) -> PolicyChange:
         self._known(session_id)

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from corral.areas.trail import AuditTrail
 from corral.audit_entries import AdminAction
 from corral.egress.injection import Attached
-from corral.egress.vault import OPTION, SecretRef, Source, Vault, checked, new_placeholder
+from corral.egress.vault import (
+    OPTION,
+    HeldSecret,
+    SecretRef,
+    Source,
+    Vault,
+    checked,
+    new_placeholder,
+)
 from corral.errors import InvalidInput, NotFound
 from corral.kernels.session import Session
 from corral.kernels.sessions import SessionManager
@@ -95,6 +103,15 @@ class SecretService:
         await self._drop(session, name)
         self.trail.admin("detach_secret", session.id, {"secret": name})
         return Attachment(session.id, name, False, session.run is not None)
+
+    def held(self, session_id: str) -> tuple[HeldSecret, ...]:
+        """The secrets a session holds, by name, with their hosts (none for an unknown id)."""
+        try:
+            session = self.sessions.session(session_id)
+        except (NotFound, InvalidInput):
+            return ()
+        names = sorted(n for n in session.options.get(OPTION, {}) if n in self.vault.refs)
+        return tuple(HeldSecret(name, self.vault.refs[name].hosts) for name in names)
 
     def held_by(self, session_id: str) -> dict[bytes, Attached]:
         """The session's secrets by placeholder, for the proxy (none for an unknown id)."""

@@ -129,6 +129,9 @@ def _print_policy(policy: dict[str, Any]) -> None:
     click.echo(f"mode: {policy['mode']}")
     for entry in policy["allow"]:
         click.echo(f"  allow {entry}")
+    for held in policy.get("secrets") or ():
+        hosts = ", ".join(held["hosts"])
+        click.echo(f"  secret {held['name']} for {hosts} (HTTPS to them is read by the proxy)")
     if policy.get("tunnels_closed"):
         click.echo(f"closed {policy['tunnels_closed']} open connection(s)")
     if policy.get("stats"):

@@ -386,9 +386,11 @@ def _field(form: FormData, name: str) -> str:
 
 
 def _hosts(form: FormData) -> list[str]:
-    """The hosts a form names: one field or several, each comma- or space-separated."""
+    """The entries a form names: one field or several, each holding entries one per line
+    or separated by ", " (a lone comma belongs to an entry: `GET,POST api.example.com/v1/`)."""
     values = [v for v in form.getlist("hosts") if isinstance(v, str)]
-    return [host for value in values for host in value.replace(",", " ").split()]
+    lines = [line for value in values for line in value.replace(", ", "\n").splitlines()]
+    return [line.strip() for line in lines if line.strip()]
 
 
 def _valid(model: type[pydantic.BaseModel], **fields: Any) -> Any:

@@ -1,12 +1,13 @@
 """A CONNECT tunnel the proxy reads: TLS toward the sandbox with corral's certificate for
 the target, one request read and judged, its own verified TLS toward the origin.
 
-Only tunnels to hosts where a session's secret may go are intercepted (`EgressProxy`
-decides); every other tunnel stays opaque. The sandbox trusts corral's CA; the origin is
-verified against the system's roots (and the operator's extra CA file, if any): a failed
-check is a 502 to the sandbox, never a connection without verification. Like a plain-HTTP
-proxy connection, an intercepted one carries one request (`Connection: close`), so each
-request is judged and has its secrets put in on its own.
+Only tunnels to hosts where a session's secret may go, or whose methods and paths the
+policy limits, are intercepted (`EgressProxy` decides); every other tunnel stays opaque.
+The sandbox trusts corral's CA; the origin is verified against the system's roots (and
+the operator's extra CA file, if any): a failed check is a 502 to the sandbox, never a
+connection without verification. Like a plain-HTTP proxy connection, an intercepted one
+carries one request (`Connection: close`), so each request is judged and has its secrets
+put in on its own.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from corral.egress.proxy import (
     system_resolver,
 )
 from corral.egress.rules import Decision, Policy, make_policy, parse_entry
+from corral.egress.vault import HeldSecret
 from corral.errors import Conflict, InvalidInput, NotFound
 from corral.sandbox.profile import EGRESS_SOCKET_NAME
 from corral.store import NetRequest, Store
@@ -46,6 +47,7 @@ class NetworkStatus:
 
     policy: Policy
     stats: Mapping[str, int]
+    secrets: tuple[HeldSecret, ...] = ()  # what it holds; the proxy reads HTTPS to their hosts
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ class Network:
             path = sockets / digest / EGRESS_SOCKET_NAME
         await self.proxy.open(session_id, path)
         return path
+
+    def reads_https(self, session_id: str) -> bool:
+        """Whether the session's policy limits methods or paths somewhere (the proxy then
+        reads HTTPS to those hosts, and the session's sandbox must trust corral's CA)."""
+        return any(entry.http_level for entry in self.policy(session_id).entries)
 
     def trust_files(self) -> tuple[Path, Path]:
         """What a sandbox that holds secrets trusts (`TrustFiles.bundle`)."""

@@ -27,6 +27,7 @@ import h11
 from corral.egress import protocol as p
 from corral.egress.ca import CAUnavailable, CertificateAuthority
 from corral.egress.forward import Exchange, forward
+from corral.egress.http_rules import judge, limited
 from corral.egress.injection import Attached, SecretRefused, inject
 from corral.egress.intercept import Interception, intercept, upstream_context
 from corral.egress.relay import bridge_streams
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 DecisionHook = Callable[[str, p.Target, Decision], None]
+UNREAD_TEXT = (
+    "this host is allowed for some methods and paths only, and this connection's requests "
+    "cannot be read (a SOCKS connection cannot show them): use the HTTP proxy (HTTP_PROXY, "
+    "HTTPS_PROXY)"
+)
 # A request carried secrets: the session, where it went, the secrets' names, and why it
 # was refused (None when they were put in).
 SecretHook = Callable[[str, p.Target, tuple[str, ...], str | None], None]
@@ -326,15 +332,21 @@ class EgressProxy:
             egress.refused += 1
             await client.refuse(egress.session_id, target, decision)
             return
+        if self._cannot_read(egress.session_id, client, target, decision.address):
+            egress.refused += 1
+            unread = Decision(False, UNREAD_TEXT)
+            self.on_decision(egress.session_id, target, unread)
+            await client.refuse(egress.session_id, target, unread)
+            return
         if isinstance(client, _HttpClient) and client.request is not None:
             if self._reads(egress.session_id, client.request, target, decision.address):
                 await self._intercept(egress, client, target, decision.address)
                 return
             if (upstream := client.request.upstream) is not None:
-                outgoing = self._inject(egress.session_id, target, decision.address, upstream)
+                outgoing = self._judge(egress.session_id, target, decision.address, upstream)
                 if isinstance(outgoing, str):
                     egress.refused += 1
-                    await client.refuse_secret(outgoing)
+                    await client.refuse_request(outgoing)
                     return
                 client.request = replace(client.request, upstream=outgoing)
         try:
@@ -364,11 +376,17 @@ class EgressProxy:
             egress.tunnels.discard(tunnel)
             up_writer.close()
 
-    def _inject(
+    def _judge(
         self, session_id: str, target: p.Target, address: IPAddress, request: h11.Request
     ) -> h11.Request | str:
-        """`request` with the session's secrets put in (`corral.egress.injection`), or why
-        it is refused."""
+        """A request the proxy reads: why it may not go (the policy's method and path
+        rules, `corral.egress.http_rules`; a secret where it may not go), or the request
+        to send, the session's secrets put in (`corral.egress.injection`)."""
+        method, path = request.method.decode(), request.target.decode("latin-1")
+        refusal = judge(self.policy_for(session_id), target, address, method, path)
+        if refusal is not None:
+            self.on_decision(session_id, target, Decision(False, refusal))
+            return refusal
         try:
             done = inject(request, target, address, self.secrets_for(session_id))
         except SecretRefused as refused:
@@ -379,13 +397,27 @@ class EgressProxy:
             self.on_secret(session_id, target, done.names, None)
         return done.request
 
+    def _cannot_read(
+        self, session_id: str, client: _Client, target: p.Target, address: IPAddress
+    ) -> bool:
+        """Whether the policy limits the target's methods and paths on a connection the
+        proxy cannot read (SOCKS, or a tunnel when it has no CA): it is then refused."""
+        if not limited(self.policy_for(session_id), target, address):
+            return False
+        if not isinstance(client, _HttpClient) or client.request is None:
+            return True
+        return client.request.tunnel and self.ca is None
+
     def _reads(
         self, session_id: str, request: p.HttpRequest, target: p.Target, address: IPAddress
     ) -> bool:
-        """Whether to read inside this CONNECT tunnel: one of the session's secrets may go
-        to its target (every other tunnel stays opaque)."""
+        """Whether to read inside this CONNECT tunnel: the policy limits the target's
+        methods and paths, or one of the session's secrets may go there (every other tunnel
+        stays opaque)."""
         if self.ca is None or not request.tunnel:
             return False
+        if limited(self.policy_for(session_id), target, address):
+            return True
         held = self.secrets_for(session_id).values()
         return any(secret.may_go_to(target, address) for secret in held)
 
@@ -399,7 +431,7 @@ class EgressProxy:
             server_context = self.ca().server_context(target.host)
         except CAUnavailable as exc:
             egress.refused += 1
-            await client.refuse_secret(f"corral's CA is unavailable, so {exc}")
+            await client.refuse_request(f"corral's CA is unavailable, so {exc}")
             return
         await client.connected()
         limits = self.limits
@@ -416,7 +448,7 @@ class EgressProxy:
             target,
             address,
             tls,
-            functools.partial(self._inject, egress.session_id, target, address),
+            functools.partial(self._judge, egress.session_id, target, address),
             (meter.outbound, meter.inbound),
         )
 
@@ -524,7 +556,7 @@ class _HttpClient(_Client):
     async def refuse(self, session_id: str, target: p.Target, decision: Decision) -> None:
         await self._send(p.http_reply(403, "Forbidden", refusal_text(session_id, target, decision)))
 
-    async def refuse_secret(self, reason: str) -> None:
+    async def refuse_request(self, reason: str) -> None:
         await self._send(p.http_reply(403, "Forbidden", f"corral proxy: refused: {reason}\n"))
 
     async def refuse_busy(self, limit: int) -> None:

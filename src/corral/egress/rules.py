@@ -13,7 +13,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from corral.egress import presets
@@ -41,6 +41,14 @@ class Entry:
     wildcard: bool = False
     network: IPNetwork | None = None
     port: int | None = None
+    # HTTP-level limits (`corral.egress.http_rules`): the methods and the path prefix this
+    # entry admits; none means any request.
+    methods: frozenset[str] = frozenset()
+    path: str = ""
+
+    @property
+    def http_level(self) -> bool:
+        return bool(self.methods or self.path)
 
     def matches_name(self, host: str, port: int) -> bool:
         if self.domain is None or (self.port is not None and self.port != port):
@@ -89,13 +97,63 @@ def make_policy(mode: str, allow: Iterable[str] = ()) -> Policy:
     return Policy(mode=mode, entries=unique)  # type: ignore[arg-type]
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def parse_entry(text: str) -> list[Entry]:
-    """The entries `text` stands for: a preset name expands to several. Raises `InvalidInput`."""
-    raw = text.strip().lower()
+    """The entries `text` stands for: a preset name expands to several. Raises `InvalidInput`.
+
+    An entry may also limit requests: `GET,POST api.github.com/repos/acme/` admits only
+    those methods, and only paths under that prefix (checked on each request the proxy
+    reads: plain HTTP, and HTTPS to that host, which it then reads).
+    """
+    stripped = text.strip()
+    if not stripped or len(stripped) > 300:
+        raise InvalidInput(f"empty or overlong network entry {text!r}")
+    methods_text, _, rest = stripped.rpartition(" ")
+    methods = _methods(methods_text, text) if methods_text else frozenset()
+    host_text, path = _split_path(rest)
+    entries = _host_entries(host_text.lower(), text)
+    if not (methods or path):
+        return entries
+    if any(entry.network is not None and entry.network.num_addresses > 1 for entry in entries):
+        raise InvalidInput(f"{text!r}: methods and paths apply to a host, not a range")
+    written = " ".join(filter(None, [",".join(sorted(methods)), host_text.lower() + path]))
+    return [replace(e, text=written, methods=methods, path=path) for e in entries]
+
+
+def _methods(text: str, whole: str) -> frozenset[str]:
+    names = frozenset(name.strip().upper() for name in text.split(","))
+    unknown = names - set(METHODS)
+    if unknown or not names:
+        raise InvalidInput(f"{whole!r}: methods are a comma-separated list of {', '.join(METHODS)}")
+    return names
+
+
+def _split_path(text: str) -> tuple[str, str]:
+    """The host part and the path prefix (`/...`, or "" for none) of an entry; a `/N` after
+    an address (`10.0.0.0/8`, `10.0.0.0/8:443`, `[2001:db8::/32]:443`) is a range."""
+    bracketed = text.startswith("[")
+    cut = text.find("/", text.find("]") + 1 if bracketed else 0)
+    if cut < 0:
+        return text, ""
+    host, path = text[:cut], text[cut:]
+    if not bracketed and _RANGE_SUFFIX.fullmatch(path[1:]) and _as_network(host) is not None:
+        return text, ""
+    if path.startswith("//") or any(c in path for c in " ?#%\\"):
+        raise InvalidInput(
+            f"{text!r}: a path prefix is written plainly after the host: "
+            "one /, and no space, ?, #, % or \\"
+        )
+    return host, path
+
+
+_RANGE_SUFFIX = re.compile(r"[0-9]{1,3}(?::[0-9]+)?")
+
+
+def _host_entries(raw: str, text: str) -> list[Entry]:
     if raw in presets.NAMES:
         return [entry for item in presets.preset_hosts(raw) for entry in parse_entry(item)]
-    if not raw or len(raw) > 300:
-        raise InvalidInput(f"empty or overlong network entry {text!r}")
     network = _as_network(raw)
     if network is not None:
         return [Entry(text=raw, network=network)]

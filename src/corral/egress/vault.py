@@ -65,6 +65,14 @@ class SecretRef:
     created_at: float
 
 
+@dataclass(frozen=True)
+class HeldSecret:
+    """A secret a session holds, by name, and the hosts whose HTTPS the proxy reads for it."""
+
+    name: str
+    hosts: tuple[str, ...]
+
+
 def checked(name: str, source: str, location: str, hosts: list[str]) -> tuple[str, Source, str]:
     """The reference's parts, checked; raises `InvalidInput` naming what is wrong."""
     if not NAME.fullmatch(name):

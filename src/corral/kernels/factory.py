@@ -84,6 +84,10 @@ class EgressSockets(Protocol):
         """(a bundle of the system's roots and corral's CA, corral's CA certificate)."""
         ...
 
+    def reads_https(self, session_id: str) -> bool:
+        """Whether the session's policy has entries the proxy checks request by request."""
+        ...
+
 
 class KernelFactory:
     """Builds and starts sandboxed kernels for sessions; raises `InvalidInput` at
@@ -170,11 +174,12 @@ class KernelFactory:
     def _secrets_env(
         self, session: Session
     ) -> tuple[tuple[Bind, ...], tuple[tuple[str, str], ...]]:
-        """What a session that holds secrets gets: each as `NAME=placeholder`, and trust in
-        corral's CA (the proxy reads HTTPS to the secrets' hosts) through the files and
-        variables common tools read. A session without secrets gets neither."""
+        """What a session that holds secrets gets: each as `NAME=placeholder`; and, with
+        secrets or method and path rules, trust in corral's CA (the proxy reads HTTPS to
+        those hosts) through the files and variables common tools read. A session with
+        neither gets nothing of it."""
         held = session.options.get(SECRETS_OPTION, {})
-        if not held or self.egress is None:
+        if self.egress is None or not (held or self.egress.reads_https(session.id)):
             return (), ()
         bundle, ca = self.egress.trust_files()
         binds = (Bind(bundle, SANDBOX_CA_BUNDLE), Bind(ca, SANDBOX_CA_CERT))

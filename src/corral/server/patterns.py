@@ -41,9 +41,10 @@ _IPV6 = (
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
 
-# An allowlist entry (corral.egress.rules.parse_entry): a domain or `*.domain`, an IPv4 address
-# or range, each maybe with `:port`; an IPv6 address or range, or `[IPv6]:port`; or a preset's
-# name (a domain-shaped word such as `pypi`).
+# A host an allowlist entry names (corral.egress.rules.parse_entry): a domain or `*.domain`,
+# an IPv4 address or range, each maybe with `:port`; an IPv6 address or range, or
+# `[IPv6]:port`; or a preset's name (a domain-shaped word such as `pypi`). What an agent asks
+# for, and where a secret may go.
 HOST_ENTRY = (
     "^(?:"
     + "|".join(
@@ -57,6 +58,36 @@ HOST_ENTRY = (
     + ")$"
 )
 HOST_ENTRY_MAX_CHARS = 253
+
+# An entry of the operator's allowlist: such a host, or a host (not a range) that also names
+# the methods it admits (`GET,POST `) and a path prefix (`/repos/acme/`); after a bare IPv4
+# address a `/N` is a range, so a path there must not be one number.
+_METHOD = "(?:GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS)"
+_PATH = r"/(?!/)[A-Za-z0-9._~!$&'()*+,;=:@/-]*"
+_LIMITED_HOST = (
+    "(?:"
+    + "|".join(
+        (
+            rf"(?!{_IPV4}/[0-9]{{1,3}}(?::[0-9]+)?$)(?:\*\.)?{_DOMAIN}(?::{_PORT})?(?:{_PATH})?",
+            rf"{_IPV4}:{_PORT}(?:{_PATH})?",
+            rf"{_IPV4}(?:(?!/[0-9]{{1,3}}(?::[0-9]+)?$){_PATH})?",
+            rf"\[{_IPV6}\](?::{_PORT})?(?:{_PATH})?",
+        )
+    )
+    + ")"
+)
+RULE_ENTRY = (
+    "^(?:"
+    + "|".join(
+        (
+            rf"(?:{_METHOD}(?:,{_METHOD})* )?{_LIMITED_HOST}",
+            rf"{_IPV4}(?:/(?:3[0-2]|[12]?[0-9]))?(?::{_PORT})?",
+            rf"{_IPV6}(?:/(?:12[0-8]|1[01][0-9]|[1-9]?[0-9]))?",
+        )
+    )
+    + ")$"
+)
+RULE_ENTRY_MAX_CHARS = 300
 
 # A URL to fetch (corral.browser.fetch.validate_url): http or https, a host (a name, an IPv4
 # address or a bracketed IPv6 one; ASCII, so an international name is given in its xn-- form;

@@ -104,6 +104,11 @@ HostEntry = Annotated[
     _shaped(patterns.HOST_ENTRY, patterns.HOST_ENTRY_MAX_CHARS, parse_entry),
     _shape(patterns.HOST_ENTRY, patterns.HOST_ENTRY_MAX_CHARS),
 ]
+RuleEntry = Annotated[
+    StrictStr,
+    _shaped(patterns.RULE_ENTRY, patterns.RULE_ENTRY_MAX_CHARS, parse_entry),
+    _shape(patterns.RULE_ENTRY, patterns.RULE_ENTRY_MAX_CHARS),
+]
 FetchUrl = Annotated[
     StrictStr,
     _shaped(patterns.URL, patterns.URL_MAX_CHARS, validate_url),
@@ -747,11 +752,11 @@ class SecretAttachmentModel(BaseModel):
 
 class NetworkPolicyRequest(Strict):
     mode: Literal["none", "allowlist", "public"]
-    allow: list[HostEntry] = Field(default_factory=list, max_length=500)
+    allow: list[RuleEntry] = Field(default_factory=list, max_length=500)
 
 
 class NetworkHostsRequest(Strict):
-    hosts: list[HostEntry] = Field(min_length=1, max_length=100)
+    hosts: list[RuleEntry] = Field(min_length=1, max_length=100)
 
 
 class NetworkAccessRequest(Strict):
@@ -759,11 +764,21 @@ class NetworkAccessRequest(Strict):
     reason: str = Field(default="", max_length=2000)
 
 
+class HeldSecretModel(BaseModel):
+    name: str
+    hosts: list[str]
+
+
 class NetworkPolicyModel(BaseModel):
     mode: Literal["none", "allowlist", "public"]
     allow: list[str]
     stats: dict[str, int] | None = None
     tunnels_closed: int | None = None
+    secrets: list[HeldSecretModel] | None = Field(
+        default=None,
+        description="The secrets the session holds and where each may go: the proxy reads "
+        "HTTPS to those hosts (with corral's CA) to put them in; other tunnels stay opaque.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -778,6 +793,8 @@ class NetworkPolicyModel(BaseModel):
             shown["stats"] = dict(stats)
         if (closed := getattr(value, "tunnels_closed", None)) is not None:
             shown["tunnels_closed"] = closed
+        if (held := getattr(value, "secrets", None)) is not None:
+            shown["secrets"] = [{"name": h.name, "hosts": list(h.hosts)} for h in held]
         return shown
 
 
