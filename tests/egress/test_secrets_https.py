@@ -330,11 +330,12 @@ def test_pip_and_git_get_the_value_put_into_their_https_requests(
     assert VALUE not in pip + git
 
 
-def test_the_value_is_not_in_the_sandboxs_memory(
+def test_the_value_is_not_in_the_sandboxs_memory_or_files(
     reading: RunningServer, session: tuple[str, int, list[str]]
 ) -> None:
     """After requests that carried the secret, no process of the sandbox holds the value
-    anywhere in its memory (read from the host, which knows what to look for)."""
+    anywhere in its memory, and no file it can write holds it (read from the host, which
+    knows what to look for)."""
     sid, port, _ = session
     printed = run(reading, sid, CLIENTS["requests"].format(url=f"https://{HOST}:{port}/"))
     assert printed.strip() == "right value", printed
@@ -346,6 +347,23 @@ def test_the_value_is_not_in_the_sandboxs_memory(
         assert not found, f"process {pid} of the sandbox holds the value"
         scanned += size
     assert scanned > 10 * 1024 * 1024  # the kernel's memory was read, not skipped
+    root = Path(f"/proc/{box.processes()[-1]}/root")  # the sandbox's own view of its files
+    found, read = files_holding(root, VALUE.encode())
+    assert found == [] and read > 0
+
+
+def files_holding(root: Path, needle: bytes) -> tuple[list[str], int]:
+    """The files under the sandbox's writable places that hold `needle`, and how many files
+    were read (from the host, through the sandbox's root)."""
+    found, read = [], 0
+    for place in ("tmp", "workspace", "home", "opt/corral/env", "dev/shm"):
+        for path in (root / place).rglob("*"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink():
+                    read += 1
+                    if needle in path.read_bytes():
+                        found.append(str(path))
+    return found, read
 
 
 def memory_holds(pid: int, needle: bytes) -> tuple[bool, int]:
