@@ -62,25 +62,26 @@ class SecretService:
     def open(self) -> None:
         for name, source, location, hosts, created in self.store.secrets():
             kind: Source = "file" if source == "file" else "env"
-            self.vault.refs[name] = SecretRef(name, kind, location, tuple(hosts), created)
+            self.vault.put(SecretRef(name, kind, location, tuple(hosts), created))
 
     def listed(self) -> list[SecretListing]:
-        return [self._listing(ref) for ref in sorted(self.vault.refs.values(), key=_name)]
+        return [self._listing(ref) for ref in self.vault.refs()]
 
     async def add(self, name: str, source: str, location: str, hosts: list[str]) -> SecretListing:
         """Define (or redefine) a secret; raises `InvalidInput`."""
         name, kind, location = checked(name, source, location, hosts)
         created = await self.store.run(self.store.put_secret, name, kind, location, hosts)
-        self.vault.refs[name] = SecretRef(name, kind, location, tuple(hosts), created)
+        ref = SecretRef(name, kind, location, tuple(hosts), created)
+        self.vault.put(ref)
         self._audit("add_secret", name, {"source": kind, "hosts": hosts})
-        return self._listing(self.vault.refs[name])
+        return self._listing(ref)
 
     async def remove(self, name: str) -> None:
         """Forget a secret: detached from every session, refused from the next request."""
         self.vault.get(name)
         for session in self._holders(name):
             await self._drop(session, name)
-        del self.vault.refs[name]
+        self.vault.drop(name)
         await self.store.run(self.store.delete_secret, name)
         self._audit("remove_secret", name, {})
 
@@ -110,8 +111,8 @@ class SecretService:
             session = self.sessions.session(session_id)
         except (NotFound, InvalidInput):
             return ()
-        names = sorted(n for n in session.options.get(OPTION, {}) if n in self.vault.refs)
-        return tuple(HeldSecret(name, self.vault.refs[name].hosts) for name in names)
+        names = sorted(n for n in session.options.get(OPTION, {}) if self.vault.holds(n))
+        return tuple(HeldSecret(name, self.vault.get(name).hosts) for name in names)
 
     def held_by(self, session_id: str) -> dict[bytes, Attached]:
         """The session's secrets by placeholder, for the proxy (none for an unknown id)."""
@@ -144,7 +145,3 @@ class SecretService:
     def _listing(self, ref: SecretRef) -> SecretListing:
         holders = tuple(s.id for s in self._holders(ref.name))
         return SecretListing(ref.name, ref.source, ref.location, ref.hosts, ref.created_at, holders)
-
-
-def _name(ref: SecretRef) -> str:
-    return ref.name

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pydantic
 from starlette.datastructures import FormData
@@ -410,6 +410,4 @@ def _local(path: str | None) -> str:
 
 
 def _quoted(name: str) -> str:
-    from urllib.parse import quote
-
     return quote(name, safe="")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from corral.egress.injection import PREFIX, Attached, SecretRefused
-from corral.egress.rules import parse_entry
+from corral.egress.rules import Entry, parse_entry
 from corral.errors import InvalidInput, NotFound, SandboxError
 
 Source = Literal["env", "file"]
@@ -96,10 +96,10 @@ def checked(name: str, source: str, location: str, hosts: list[str]) -> tuple[st
     return name, kind, location
 
 
-def read_value(ref: SecretRef, env: Mapping[str, str] | None = None) -> bytes:
+def read_value(ref: SecretRef) -> bytes:
     """The value now; raises `SecretUnavailable` (whose message holds no value)."""
     if ref.source == "env":
-        value = (os.environ if env is None else env).get(ref.location)
+        value = os.environ.get(ref.location)
         if not value:
             raise SecretUnavailable(f"secret {ref.name}: the server has no ${ref.location}")
         return value.encode()
@@ -120,13 +120,31 @@ def new_placeholder() -> str:
 
 
 class Vault:
-    """The secrets' references by name, as stored."""
+    """The secrets' references by name, as stored, each with its hosts parsed once when it
+    is put (the proxy asks for them at every request it reads)."""
 
-    def __init__(self, refs: Mapping[str, SecretRef] | None = None) -> None:
-        self.refs: dict[str, SecretRef] = dict(refs or {})
+    def __init__(self) -> None:
+        self._refs: dict[str, SecretRef] = {}
+        self._entries: dict[str, tuple[Entry, ...]] = {}
+
+    def put(self, ref: SecretRef) -> None:
+        """Define or redefine a secret (its hosts already checked)."""
+        self._entries[ref.name] = tuple(e for host in ref.hosts for e in parse_entry(host))
+        self._refs[ref.name] = ref
+
+    def drop(self, name: str) -> None:
+        self._refs.pop(name, None)
+        self._entries.pop(name, None)
+
+    def refs(self) -> list[SecretRef]:
+        """Every secret, by name."""
+        return [self._refs[name] for name in sorted(self._refs)]
+
+    def holds(self, name: str) -> bool:
+        return name in self._refs
 
     def get(self, name: str) -> SecretRef:
-        ref = self.refs.get(name)
+        ref = self._refs.get(name)
         if ref is None:
             raise NotFound(f"no secret {name!r}; 'corral secrets list' shows them")
         return ref
@@ -134,15 +152,13 @@ class Vault:
     def attached(self, placeholders: Mapping[str, str]) -> dict[bytes, Attached]:
         """What the proxy needs of a session's secrets (placeholders by name), for those
         still defined."""
-        held = {}
-        for name, placeholder in placeholders.items():
-            ref = self.refs.get(name)
-            if ref is not None:
-                entries = tuple(e for host in ref.hosts for e in parse_entry(host))
-                held[placeholder.encode()] = Attached(
-                    name, entries, functools.partial(_value_for_request, ref)
-                )
-        return held
+        return {
+            placeholder.encode(): Attached(
+                name, self._entries[name], functools.partial(_value_for_request, self._refs[name])
+            )
+            for name, placeholder in placeholders.items()
+            if name in self._refs
+        }
 
 
 def _value_for_request(ref: SecretRef) -> bytes:
